@@ -1,0 +1,79 @@
+"""Latent MoE (top-16 of 896) vs a dense SiTU-GLU FFN with the same active parameters.
+
+    python bench/bench_moe.py [--device cuda] [--repeats 200]
+
+Active parameters of the MoE layer = router + latent down/up + latent norm + shared experts + top_k routed
+experts; the dense FFN gets hidden width active / (3 D), so both layers do about the same multiply-adds per
+token. The ratio (MoE time / dense time) is the price of sparsity in a framework: routing, gathering the
+chosen experts' weights and scattering back. Target at decode (B=1, T=1): <= 3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tiny_k3.config import K3Config  # noqa: E402
+from tiny_k3.moe import GatedMLP, LatentMoE  # noqa: E402
+
+
+def active_params(moe: LatentMoE) -> int:
+    c = moe.config
+    per_expert = moe.w1[0].numel() + moe.w3[0].numel() + moe.w2[0].numel()
+    non_expert = sum(p.numel() for name, p in moe.named_parameters() if name not in ("w1", "w2", "w3"))
+    return non_expert + c.top_k * per_expert
+
+
+def time_pair(fns, x, repeats: int, device: str, rounds: int = 7) -> list[float]:
+    """Best-of-rounds mean time in ms of each fn(x). Rounds alternate between the functions, so a busy
+    machine slows them alike and the ratio measured in one run stays meaningful."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    best = [float("inf")] * len(fns)
+    for fn in fns:
+        for _ in range(3):
+            fn(x)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            sync()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn(x)
+            sync()
+            best[i] = min(best[i], 1e3 * (time.perf_counter() - start) / repeats)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads (default 1: these sizes are bound by per-op overhead, not FLOPs)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}")
+    print(f"{'preset':<12} {'shape':<10} {'active':>8} {'dense h':>8} {'moe ms':>8} {'dense ms':>9} {'ratio':>6}")
+    with torch.inference_mode():
+        for preset in ("small", "mini-896/16"):
+            c = K3Config.preset(preset)
+            moe = LatentMoE(c, device=args.device)
+            active = active_params(moe)
+            hidden = round(active / (3 * c.hidden_size))
+            dense = GatedMLP(c.hidden_size, hidden, c, device=args.device)
+            for batch, tokens in ((1, 1), (1, 256)):
+                x = torch.randn(batch, tokens, c.hidden_size, device=args.device)
+                repeats = args.repeats if tokens == 1 else max(5, args.repeats // 20)
+                t_moe, t_dense = time_pair([moe, dense], x, repeats, args.device)
+                print(f"{preset:<12} {f'{batch}x{tokens}':<10} {active:>8,} {hidden:>8} "
+                      f"{t_moe:>8.3f} {t_dense:>9.3f} {t_moe / t_dense:>5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,490 @@
+"""Serving economics of a K3-style model: weight bytes by format, FLOPs, decode time, GPUs, prices.
+
+Every figure cites the section of ../shared/reference/k3_facts.md it comes from. Parameter counts
+come from `tiny_k3.parameter_breakdown` (the real modules on the meta device), never a hand
+formula -- except for K2 and Kimi Linear, which are not K3Configs (no KDA/latent MoE/AttnRes), so
+their few figures are written out below from their configs (k3_facts.md §3a). Bytes are decimal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
+
+from .memory import MIB_CONTEXT, cache_bytes, format_bytes, kv_bytes_per_token, state_bytes_fixed
+
+# ---------------------------------------------------------------------------- formats (k3_facts.md §4)
+
+# Block formats: `block` values share one scale. MXFP4 (OCP MX): 32 E2M1 values (16 B) + one E8M0 scale
+# (1 B) = 17 B per 32 values = 4.25 bit. INT4 as in K2-Thinking: W4A16, group 32, one BF16 scale per
+# group = 18 B per 32 values = 4.5 bit (k3_facts.md §4).
+BLOCK_FORMATS = {"mxfp4": (32, 16, 1), "int4": (32, 16, 2)}  # name: (values per block, data B, scale B)
+ELEMENT_BYTES = {"bf16": 2, "fp8": 1}  # FP8 without block scales (DeepSeek's 128x128 fp32 scales add ~0.02%)
+
+# scheme: (format of the routed experts, format of everything else)
+SCHEMES = {
+    "bf16": ("bf16", "bf16"),
+    "fp8": ("fp8", "fp8"),
+    "int4": ("int4", "int4"),
+    "mxfp4": ("mxfp4", "mxfp4"),
+    "k3-release": ("mxfp4", "bf16"),    # K3's checkpoint: MXFP4 routed experts only (k3_facts.md §1, §4)
+    "int4-experts": ("int4", "bf16"),   # K2-Thinking's checkpoint: INT4 routed experts, BF16 rest (§4)
+}
+
+
+def _scheme(scheme: str) -> tuple[str, str]:
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown weight scheme {scheme!r}; valid schemes are: {', '.join(SCHEMES)}.")
+    return SCHEMES[scheme]
+
+
+def tensor_bytes(shape, fmt: str) -> int:
+    """Bytes of one tensor stored in `fmt`. shape: a tuple, or an int (a flat vector of that many values).
+
+    Block formats pack each row (the last dimension) in blocks of 32, padding the last block of a row:
+    a [R, C] tensor costs R * ceil(C / 32) blocks. With C a multiple of 32 that is exactly 4.25 bit
+    (mxfp4) or 4.5 bit (int4) per value.
+    """
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    numel = math.prod(shape)
+    if fmt in ELEMENT_BYTES:
+        return numel * ELEMENT_BYTES[fmt]
+    if fmt not in BLOCK_FORMATS:
+        raise ValueError(f"unknown number format {fmt!r}; valid formats are: {', '.join([*ELEMENT_BYTES, *BLOCK_FORMATS])}.")
+    if numel == 0:
+        return 0
+    block, data, scale = BLOCK_FORMATS[fmt]
+    rows, cols = numel // shape[-1], shape[-1]
+    return rows * -(-cols // block) * (data + scale)
+
+
+def mxfp4_bytes(shape) -> int:
+    """MXFP4 bytes of a tensor: 17 B per block of 32 values along each row (k3_facts.md §4)."""
+    return tensor_bytes(shape, "mxfp4")
+
+
+@lru_cache(maxsize=32)
+def _parts(config: K3Config) -> dict[str, int]:
+    parts = dict(parameter_breakdown(config))
+    missing = {"routed_experts", "embedding"} - set(parts)
+    if missing:
+        raise ValueError(f"parameter_breakdown lacks the parts {sorted(missing)}; it must name routed experts and embedding.")
+    return parts
+
+
+def weight_bytes(config: K3Config, scheme: str) -> int:
+    """Bytes of all weights of `config` stored as `scheme` (one of SCHEMES).
+
+    Blocks of 32 are counted over each part's flat parameter count (the routed experts as one
+    part, everything else as another). For K3 every expert row (3584, 3072) is a multiple of 32,
+    so this equals per-row packing; a tiny preset with rows shorter than 32 would pad more in a
+    real packer. K3: bf16 5.56 TB; mxfp4 1.477 TB; k3-release 1.446 + 0.113 = 1.560 TB (§1d, §4).
+    """
+    expert_fmt, rest_fmt = _scheme(scheme)
+    parts = _parts(config)
+    routed = parts["routed_experts"]
+    rest = sum(parts.values()) - routed
+    return tensor_bytes(routed, expert_fmt) + tensor_bytes(rest, rest_fmt)
+
+
+def total_parameters(config: K3Config) -> int:
+    return parameter_counts(config)[0]
+
+
+def active_parameters(config: K3Config) -> int:
+    """Parameters one token touches: non-expert weights except the input embedding + top_k experts
+    per MoE layer. K3: 104.2B (k3_facts.md §1d)."""
+    return parameter_counts(config)[1]
+
+
+def flops_per_token(config: K3Config, context: int = 0) -> float:
+    """Decode FLOPs for one token at `context` tokens already cached.
+
+    = 2 * active parameters                                    (one multiply-add per weight)
+    + per MLA layer 2 * H * T * (2 * kv_lora + rope)           (absorbed MLA: q.[c, k_r] scores over T
+                                                                 cached rows, then probs . c)
+    + per KDA layer 7 * H * K * V                              (decay S, k^T S, rank-1 update, S^T q;
+                                                                 independent of T)
+    """
+    c = config
+    if context < 0:
+        raise ValueError(f"context must be 0 or more tokens, got {context}.")
+    mla = 2 * c.mla_heads * context * (2 * c.kv_lora_rank + c.qk_rope_dim)
+    kda = 7 * c.kda_heads * c.kda_head_dim ** 2
+    return 2.0 * active_parameters(c) + len(c.mla_layers) * mla + len(c.kda_layers) * kda
+
+
+# ---------------------------------------------------------------------------- decode-time model (§5b)
+
+
+@dataclass(frozen=True)
+class ServingModel:
+    """What one decode step reads, for the bandwidth model of k3_facts.md §5b."""
+
+    name: str
+    moe_layers: int           # n_moe
+    num_experts: int          # N
+    top_k: int                # k
+    expert_bytes: int         # w_expert: bytes of one routed expert
+    dense_bytes: int          # W_dense: non-expert bytes read per step (all but the input embedding)
+    kv_bytes_per_token: int   # L_full * 576 * b for K3
+    state_bytes: int          # S_kda per sequence (state + conv tail), read and written every step
+    weight_bytes: int         # all weights stored (for memory, not for the step)
+
+
+def serving_model(config: K3Config, scheme: str = "k3-release", kv_config: K3Config | None = None,
+                  name: str | None = None) -> ServingModel:
+    """The step-time description of `config` in `scheme`; caches from `kv_config` (default: config).
+
+    §5b's "K3-all-MLA" row is `serving_model(k3, kv_config=k3.twin())`: K3's weights with 93 MLA caches.
+    """
+    expert_fmt, rest_fmt = _scheme(scheme)
+    parts = _parts(config)
+    n_moe = len(config.moe_layers)
+    per_expert = parts["routed_experts"] // (n_moe * config.num_experts) if n_moe else 0
+    non_expert = sum(parts.values()) - parts["routed_experts"]
+    kv_cfg = kv_config or config
+    return ServingModel(
+        name=name or config.name, moe_layers=n_moe, num_experts=config.num_experts, top_k=config.top_k,
+        expert_bytes=tensor_bytes(per_expert, expert_fmt),
+        dense_bytes=tensor_bytes(non_expert - parts["embedding"], rest_fmt),
+        kv_bytes_per_token=kv_bytes_per_token(kv_cfg), state_bytes=state_bytes_fixed(kv_cfg).total,
+        weight_bytes=weight_bytes(config, scheme),
+    )
+
+
+# K2 is not a K3Config (plain MLA without output gate, no latent MoE, no AttnRes), so its parameters are
+# written out from its config.json (k3_facts.md §3a, S18/S19): d 7168, 61 layers (1 dense, 18432), 384
+# experts top-8 of width 2048, 1 shared expert, MLA 64 heads, q_lora 1536, kv_lora 512, nope/rope/v 128/64/128.
+K2 = dict(d=7168, layers=61, dense=1, experts=384, top_k=8, moe_inter=2048, shared=1, dense_inter=18432,
+          heads=64, q_lora=1536, kv_lora=512, nope=128, rope=64, v=128, vocab=163840)
+
+
+def k2_parameters() -> tuple[int, int]:
+    """(routed expert params, all other params) of Kimi K2: 1014.7B and 11.7B (total 1.0264T, §3a)."""
+    k = K2
+    mla = (k["d"] * k["q_lora"] + k["q_lora"] + k["q_lora"] * k["heads"] * (k["nope"] + k["rope"])
+           + k["d"] * (k["kv_lora"] + k["rope"]) + k["kv_lora"] + k["kv_lora"] * k["heads"] * (k["nope"] + k["v"])
+           + k["heads"] * k["v"] * k["d"])
+    moe_layers = k["layers"] - k["dense"]
+    expert = 3 * k["d"] * k["moe_inter"]
+    rest = (k["layers"] * (mla + 2 * k["d"]) + k["dense"] * 3 * k["d"] * k["dense_inter"]
+            + moe_layers * (k["shared"] * expert + k["experts"] * k["d"]) + 2 * k["vocab"] * k["d"] + k["d"])
+    return moe_layers * k["experts"] * expert, rest
+
+
+def k2_serving_model() -> ServingModel:
+    """K2 as §5b reads it: K2-Thinking's INT4 experts + BF16 rest, 61 MLA caches of 576 bf16 values."""
+    experts, rest = k2_parameters()
+    moe_layers = K2["layers"] - K2["dense"]
+    per_expert = experts // (moe_layers * K2["experts"])
+    return ServingModel(
+        name="K2", moe_layers=moe_layers, num_experts=K2["experts"], top_k=K2["top_k"],
+        expert_bytes=tensor_bytes(per_expert, "int4"), dense_bytes=tensor_bytes(rest - K2["vocab"] * K2["d"], "bf16"),
+        kv_bytes_per_token=K2["layers"] * (K2["kv_lora"] + K2["rope"]) * 2, state_bytes=0,
+        weight_bytes=tensor_bytes(experts, "int4") + tensor_bytes(rest, "bf16"),
+    )
+
+
+def expected_experts_touched(num_experts: int, top_k: int, batch: int) -> float:
+    """Distinct experts a batch of B tokens touches per layer under uniform routing: N(1-(1-k/N)^B) (§5b)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
+
+
+def decode_step_bytes(model: ServingModel, batch: int, context: int) -> dict[str, float]:
+    """Bytes read in one decode step of `batch` sequences at `context` tokens each (§5b numerator)."""
+    if batch < 1 or context < 0:
+        raise ValueError(f"batch must be at least 1 and context 0 or more, got batch={batch}, context={context}.")
+    touched = expected_experts_touched(model.num_experts, model.top_k, batch)
+    return {
+        "dense": float(model.dense_bytes),
+        "experts": model.moe_layers * touched * model.expert_bytes,
+        "kv": float(batch * model.kv_bytes_per_token * context),
+        "state": float(batch * 2 * model.state_bytes),   # the KDA state is read and written back
+    }
+
+
+def decode_step_time(model: ServingModel | K3Config, batch: int = 1, context: int = 4096, *, gpus: int = 64,
+                     bandwidth: float = 4.8e12, eta: float = 0.7,
+                     eta_attn_full: float | Callable[[int], float] | None = None, t_comm: float = 0.0) -> float:
+    """Seconds per decode step (= per-token latency), bandwidth bound (k3_facts.md §5b):
+
+        t = [W_dense + n_moe N (1-(1-k/N)^B) w_expert + 2 B S_kda] / (G BW eta)
+            + B L_full 576 b T / (G BW eta_attn_full(T)) + t_comm
+
+    Defaults: G = 64 GPUs, BW = 4.8 TB/s (H200-class), eta = 0.7, no communication (§5b's table).
+    eta_attn_full (a number or a function of T; default eta) is the full-attention kernel's efficiency:
+    set it below eta to show implementation effects (§5b). It slows hybrid and twin alike, so the twin/hybrid
+    ratio can approach but never pass the pure-KV ceiling L/L_full (K3: 93/24 = 3.9x) -- not the 6.3x measured.
+    """
+    if isinstance(model, K3Config):
+        model = serving_model(model)
+    if gpus < 1 or bandwidth <= 0 or not 0 < eta <= 1:
+        raise ValueError(f"need gpus >= 1, bandwidth > 0 and 0 < eta <= 1; got {gpus}, {bandwidth}, {eta}.")
+    eta_attn = eta if eta_attn_full is None else (eta_attn_full(context) if callable(eta_attn_full) else eta_attn_full)
+    if not 0 < eta_attn <= 1:
+        raise ValueError(f"eta_attn_full must lie in (0, 1], got {eta_attn}.")
+    b = decode_step_bytes(model, batch, context)
+    rate = gpus * bandwidth
+    return (b["dense"] + b["experts"] + b["state"]) / (rate * eta) + b["kv"] / (rate * eta_attn) + t_comm
+
+
+# §5b's table rows (B, T); "4K" and "128K" are powers of two like "1M" = 2^20 (K2's 13.7 ms at 128K needs 2^17).
+DECODE_ROWS = ((1, 4096), (1, MIB_CONTEXT), (16, MIB_CONTEXT), (256, 131072), (256, MIB_CONTEXT))
+
+
+def decode_table(rows=DECODE_ROWS, **kwargs) -> list[dict]:
+    """§5b's table: ms per token for K3, K3 with all-MLA caches, and K2, with the two ratios."""
+    k3 = K3Config.preset("k3")
+    models = {"K3": serving_model(k3), "K3-all-MLA": serving_model(k3, kv_config=k3.twin(), name="K3-all-MLA"),
+              "K2": k2_serving_model()}
+    out = []
+    for batch, context in rows:
+        ms = {name: 1e3 * decode_step_time(m, batch, context, **kwargs) for name, m in models.items()}
+        out.append({"batch": batch, "context": context, **ms,
+                    "all-MLA/K3": ms["K3-all-MLA"] / ms["K3"], "K2/K3": ms["K2"] / ms["K3"]})
+    return out
+
+
+def kv_only_limit(model: ServingModel, other: ServingModel, context: int = MIB_CONTEXT) -> float:
+    """t(other)/t(model) when cache traffic dominates (B -> infinity): (KV+2S of other) / (KV+2S of model)."""
+    per_seq = lambda m: m.kv_bytes_per_token * context + 2 * m.state_bytes  # noqa: E731
+    return per_seq(other) / per_seq(model)
+
+
+# ---------------------------------------------------------------------------- GPUs (§5a, §6a) and prices (§1)
+
+# GPU memory in bytes. H100 80 GB and H200 141 GB are vendor specs (8xH100 = 640 GB, §0); B300 288 GB is
+# the vendor spec k3_facts.md §5a assumes.
+GPU_MEMORY = {"H100": 80e9, "H200": 141e9, "B300": 288e9}
+
+
+def gpus_needed(config: K3Config, gpu_memory_bytes: float, scheme: str = "k3-release", kv_tokens: int = 0,
+                overhead: float = 0.1) -> int:
+    """GPUs of `gpu_memory_bytes` each needed to hold all weights + the cache of `kv_tokens` tokens.
+
+    Ideal sharding (weights and cache spread evenly, nothing replicated); `overhead` is the fraction of
+    each GPU kept for activations, workspace and the runtime. K3 release (1.56 TB): H100 -> 22, H200 -> 13,
+    B300 -> 7 with the default 10% (k3_facts.md §0, §6a: 8xB300 fits, 8xH100 and 8xH200 do not).
+    """
+    if gpu_memory_bytes <= 0 or not 0 <= overhead < 1:
+        raise ValueError(f"gpu_memory_bytes must be positive and overhead in [0, 1); got {gpu_memory_bytes}, {overhead}.")
+    need = weight_bytes(config, scheme) + sum(cache_bytes(config, kv_tokens))
+    return max(1, math.ceil(need / (gpu_memory_bytes * (1.0 - overhead))))
+
+
+# $ per 1M tokens (k3_facts.md §1, S11/S12/S13): input cache hit, input cache miss, output.
+K3_PRICES = {"cache_hit": 0.30, "input": 3.00, "output": 15.00}
+
+
+def api_price(input_tokens: int, output_tokens: int, cached_tokens: int = 0, prices: dict = K3_PRICES) -> float:
+    """Dollars for one request. `cached_tokens` are the part of `input_tokens` that hit the prefix cache."""
+    if min(input_tokens, output_tokens, cached_tokens) < 0 or cached_tokens > input_tokens:
+        raise ValueError(f"token counts must be 0 or more with cached_tokens <= input_tokens; got input={input_tokens}, "
+                         f"output={output_tokens}, cached={cached_tokens}.")
+    return (cached_tokens * prices["cache_hit"] + (input_tokens - cached_tokens) * prices["input"]
+            + output_tokens * prices["output"]) / 1e6
+
+
+# ---------------------------------------------------------------------------- expert-parallel traffic (§6b)
+
+
+def expected_destinations(ep: int, top_k: int) -> float:
+    """GPUs one token's k experts land on under uniform routing: EP(1-(1-1/EP)^k). K3 EP64, k16: 14.3."""
+    if ep < 1 or top_k < 1:
+        raise ValueError(f"ep and top_k must be at least 1, got ep={ep}, top_k={top_k}.")
+    return ep * (1.0 - (1.0 - 1.0 / ep) ** top_k)
+
+
+@dataclass(frozen=True)
+class EPTraffic:
+    """All-to-all bytes per token (k3_facts.md §6b). dispatch: FP8/MXFP8 values + one 1-B scale per 32;
+    combine: BF16. Per MoE layer, counted per routed copy (k of them); `destinations` is what a kernel
+    that sends one copy per GPU pays for instead."""
+
+    d_route: int
+    top_k: int
+    ep: int
+    moe_layers: int
+    dispatch: int        # bytes per token per MoE layer
+    combine: int
+    destinations: float  # expected distinct GPUs per token
+    cross_gpu_fraction: float
+
+    @property
+    def per_layer(self) -> int:
+        return self.dispatch + self.combine
+
+    @property
+    def per_token(self) -> int:
+        """Dispatch + combine over all MoE layers (K3: 92 x 173.8 KB = 16.0 MB)."""
+        return self.per_layer * self.moe_layers
+
+
+def ep_traffic(d_route: int, top_k: int, ep: int = 1, moe_layers: int = 1) -> EPTraffic:
+    """Per-token EP traffic for a model that dispatches `d_route`-wide activations to `top_k` experts."""
+    if d_route < 1 or top_k < 1 or ep < 1 or moe_layers < 0:
+        raise ValueError(f"d_route, top_k and ep must be at least 1 and moe_layers 0 or more; got "
+                         f"{d_route}, {top_k}, {ep}, {moe_layers}.")
+    return EPTraffic(d_route=d_route, top_k=top_k, ep=ep, moe_layers=moe_layers,
+                     dispatch=top_k * (d_route + -(-d_route // 32)), combine=top_k * d_route * 2,
+                     destinations=expected_destinations(ep, top_k), cross_gpu_fraction=1.0 - 1.0 / ep)
+
+
+def ep_traffic_for(config: K3Config, ep: int = 64) -> EPTraffic:
+    """A config's EP traffic: latent MoE dispatches in the latent width (K3: 3584, §1c)."""
+    return ep_traffic(config.latent_dim, config.top_k, ep, len(config.moe_layers))
+
+
+# ---------------------------------------------------------------------------- corrections (§0)
+
+# Kimi Linear 48B-A3B (k3_facts.md §3a, S16/S17): 27 layers, MLA at 4,8,...,24 and 27, KDA 32 x 128, conv 4,
+# bf16 cache; ~3B active params -> 6 GB of bf16 weights read per token (§5b sanity check).
+KIMI_LINEAR = K3Config(
+    name="kimi-linear-48b", vocab_size=163840, hidden_size=2304, num_layers=27, dtype="bfloat16",
+    max_seq_len=MIB_CONTEXT, kda_heads=32, kda_head_dim=128, mla_heads=32, kv_lora_rank=512, qk_rope_dim=64,
+    qk_nope_dim=128, v_head_dim=128, num_experts=256, top_k=8, moe_intermediate=1024,
+    layer_kinds=tuple("mla" if i + 1 in (4, 8, 12, 16, 20, 24, 27) else "kda" for i in range(27)),
+)
+KIMI_LINEAR_WEIGHT_BYTES = 6e9
+KIMI_LINEAR_TPOT_MS = {"full-MLA": 11.48, "Kimi Linear": 1.84}  # at 1M context (S16, S34)
+
+
+def _kimi_linear_ratio(context: int = MIB_CONTEXT) -> float:
+    """Bandwidth-model speedup of Kimi Linear over its all-MLA twin at B=1: (W + KV_twin)/(W + KV + 2S)."""
+    hybrid = KIMI_LINEAR_WEIGHT_BYTES + kv_bytes_per_token(KIMI_LINEAR) * context + 2 * state_bytes_fixed(KIMI_LINEAR).total
+    twin = KIMI_LINEAR_WEIGHT_BYTES + kv_bytes_per_token(KIMI_LINEAR.twin()) * context
+    return twin / hybrid
+
+
+def corrections() -> list[dict]:
+    """The four corrections of k3_facts.md §0, each with its claim, the figures that settle it and sources."""
+    k3 = K3Config.preset("k3")
+    m_k3, m_k2 = serving_model(k3), k2_serving_model()
+    m_twin = serving_model(k3, kv_config=k3.twin(), name="K3-all-MLA")
+    table = {(r["batch"], r["context"]): r for r in decode_table()}
+    k2_experts, k2_rest = k2_parameters()
+    total = total_parameters(k3)
+    eight = {name: 8 * mem for name, mem in GPU_MEMORY.items()}
+    release = weight_bytes(k3, "k3-release")
+    return [
+        {
+            "claim": '"6.3x faster decode vs K2 at 1M"',
+            "verdict": "6.3x is Kimi Linear vs a full-MLA baseline at 1M (TPOT 11.48 -> 1.84 ms), not K3 vs K2; "
+                       "a bandwidth model caps K3 at ~3.9x over its all-MLA twin and makes it slower than K2 at B=1.",
+            "figures": {
+                "Kimi Linear reported speedup": KIMI_LINEAR_TPOT_MS["full-MLA"] / KIMI_LINEAR_TPOT_MS["Kimi Linear"],
+                "Kimi Linear bandwidth model, B=1, 1M": _kimi_linear_ratio(),
+                "Kimi Linear KV-only limit": kimi_linear_kv_only_limit(),
+                "K3 ceiling L/L_full": k3.num_layers / len(k3.mla_layers),
+                "K3 all-MLA/K3, KV-only limit at 1M": kv_only_limit(m_k3, m_twin),
+                "K3 all-MLA/K3, B=256, 1M": table[(256, MIB_CONTEXT)]["all-MLA/K3"],
+                "K2/K3, B=1, 1M (K3 slower)": table[(1, MIB_CONTEXT)]["K2/K3"],
+                "K2/K3, B=256, 1M": table[(256, MIB_CONTEXT)]["K2/K3"],
+                "K2/K3, KV-only limit at 1M": kv_only_limit(m_k3, m_k2),
+            },
+            "sources": ["S14", "S16", "S34"],
+        },
+        {
+            "claim": 'MXFP4 weights "~1.4 TB (or ~594 GB)"',
+            "verdict": "1.4 TB is the naive 2.8T x 4 bit; the release (MXFP4 experts, BF16 rest) is 1.56 TB. "
+                       "594 GB is K2-Thinking's INT4 checkpoint (or K3's 1-bit GGUF), not K3's MXFP4 release.",
+            "figures": {
+                "naive 2.8e12 x 4 bit (B)": 2.8e12 * 4 / 8,
+                "everything MXFP4, 4.25 bit (B)": weight_bytes(k3, "mxfp4"),
+                "K3 release: MXFP4 experts + BF16 rest (B)": release,
+                "K2-Thinking INT4 experts + BF16 rest (B)": tensor_bytes(k2_experts, "int4") + tensor_bytes(k2_rest, "bf16"),
+                "594 GB on K3 params (bit/param)": 594e9 * 8 / total,
+            },
+            "sources": ["S7", "S13", "S15", "S35"],
+        },
+        {
+            "claim": '"64+ accelerators / 8xH100 INT4 256K"',
+            "verdict": '"64+" is Moonshot\'s recommendation; "8 GPUs, INT4, 256K" is the K2-Thinking guide (H200). '
+                       "8xH100 (and 8xH200) cannot hold K3's 1.56 TB; the smallest recipes are 8xB300, 8xMI350X/MI355X, "
+                       "16xH200, 16xB200, 32xH100.",
+            "figures": {
+                "K3 release weights (B)": release,
+                **{f"8x{name} memory (B)": mem for name, mem in eight.items()},
+                **{f"{name} GPUs needed (10% overhead)": gpus_needed(k3, mem) for name, mem in GPU_MEMORY.items()},
+            },
+            "sources": ["S5", "S11", "S13", "S20"],
+        },
+        {
+            "claim": '"attention type on full layers (MLA?)"',
+            "verdict": "Yes: gated MLA with NoPE (mla_use_nope, mla_use_output_gate) on 24 of 93 layers.",
+            "figures": {
+                "MLA layers": len(k3.mla_layers),
+                "KDA layers": len(k3.kda_layers),
+                "MLA layers (1-based)": [i + 1 for i in k3.mla_layers],
+                "cached values per MLA token (kv_lora + rope)": k3.mla_cache_width,
+            },
+            "sources": ["S1"],
+        },
+    ]
+
+
+def kimi_linear_kv_only_limit(context: int = MIB_CONTEXT) -> float:
+    """Kimi Linear's twin/hybrid cache traffic per sequence at `context` (§5b: 3.8x)."""
+    twin = kv_bytes_per_token(KIMI_LINEAR.twin()) * context
+    return twin / (kv_bytes_per_token(KIMI_LINEAR) * context + 2 * state_bytes_fixed(KIMI_LINEAR).total)
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def main_costs(console=None) -> None:
+    """Print K3's serving figures and the §0 corrections (`python -m sim costs`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .memory import project_to_k3
+
+    console = console or Console()
+    k3 = K3Config.preset("k3")
+    total, active = parameter_counts(k3)
+    console.rule("[bold]Kimi K3 serving figures[/] (k3_facts.md; decimal units)")
+    console.print(f"parameters: total {total / 1e12:.4f}T, active per token {active / 1e9:.1f}B "
+                  f"({total / active:.0f}x fewer touched than stored)")
+
+    t = Table(title="weights by storage scheme")
+    t.add_column("scheme"), t.add_column("bytes", justify="right"), t.add_column("8xH100 / 8xH200 / 8xB300 hold it?")
+    for scheme in SCHEMES:
+        n = weight_bytes(k3, scheme)
+        t.add_row(scheme, format_bytes(n, 3), " / ".join("yes" if 8 * m >= n else "no" for m in GPU_MEMORY.values()))
+    console.print(t)
+
+    t = Table(title="decode cache per sequence")
+    for col in ("context", "K3 KV", "+ KDA state", "all-MLA twin", "plain MHA"):
+        t.add_column(col, justify="right")
+    for tokens in (1, 131072, 262144, MIB_CONTEXT):
+        p = project_to_k3(tokens)
+        t.add_row(f"{tokens:,}", format_bytes(p.kv), format_bytes(p.state), format_bytes(p.twin), format_bytes(p.mha))
+    console.print(t)
+
+    t = Table(title="decode time per token, ms (G=64, 4.8 TB/s, eta=0.7, no comm; §5b)")
+    for col in ("B", "T", "K3", "K3-all-MLA", "K2", "all-MLA/K3", "K2/K3"):
+        t.add_column(col, justify="right")
+    for r in decode_table():
+        t.add_row(str(r["batch"]), f"{r['context']:,}", f"{r['K3']:.2f}", f"{r['K3-all-MLA']:.2f}", f"{r['K2']:.2f}",
+                  f"{r['all-MLA/K3']:.2f}", f"{r['K2/K3']:.2f}")
+    console.print(t)
+
+    gpus = ", ".join(f"{name} {gpus_needed(k3, mem)}" for name, mem in GPU_MEMORY.items())
+    console.print(f"GPUs to hold the release weights (10% overhead): {gpus}")
+    ep = ep_traffic_for(k3, 64)
+    console.print(f"EP64 all-to-all per token: {format_bytes(ep.per_token)} over {ep.moe_layers} MoE layers, "
+                  f"{ep.destinations:.1f} distinct GPUs per token per layer")
+    console.print(f"API example, 100K input (80K cached) + 2K output: ${api_price(100_000, 2_000, 80_000):.4f}")
+
+    console.rule("[bold]Corrections[/] (k3_facts.md §0)")
+    for c in corrections():
+        console.print(f"[bold]{c['claim']}[/] [dim]({', '.join(c['sources'])})[/]\n  {c['verdict']}")
+        for name, value in c["figures"].items():
+            shown = (format_bytes(value, 3) if name.endswith("(B)") else f"{value:.2f}" if isinstance(value, float)
+                     else str(value))
+            console.print(f"    {name}: {shown}")

@@ -1,0 +1,105 @@
+"""Frame: everything that happened for one token. The one data contract every front end reads.
+
+A Frame is immutable and holds plain numpy arrays (no tensors, no references to the model), so a
+timeline of thousands of them is cheap and can be handed to any screen. Sublayer records are in
+execution order: for each layer, the attention sublayer then the MLP sublayer, then the output read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RoutingRecord:
+    """One MoE sublayer's choice for this token."""
+
+    layer: int
+    scores: np.ndarray        # [E] float32 sigmoid affinities (unbiased)
+    bias: np.ndarray          # [E] float32 selection bias (e_score_correction_bias)
+    expert_ids: np.ndarray    # [k] int64, chosen experts, by descending biased score
+    weights: np.ndarray       # [k] float32, renormalised unbiased scores (x routed_scaling)
+
+
+@dataclass(frozen=True)
+class KDARecord:
+    """One KDA layer after this token (state per head, key-major)."""
+
+    layer: int
+    state: np.ndarray         # [H, K, V] float16 display copy of S_t (norms below are exact)
+    decay: np.ndarray         # [H, K] float32 alpha_t = exp(g_t): how much of each key row survives
+    beta: np.ndarray          # [H] float32 write strength
+    state_norm: np.ndarray    # [H] float32 ||S_t||_F
+    correction_norm: np.ndarray  # [H] float32 ||S_t - Diag(alpha_t) S_{t-1}||_F: the delta-rule write
+
+
+@dataclass(frozen=True)
+class DepthRecord:
+    """One Attention Residuals read: the input of a sublayer (or of the head, site "out")."""
+
+    layer: int
+    site: str                 # "attn", "mlp" or "out"
+    weights: np.ndarray       # [N] float32 over the sources (empty for the standard residual)
+    h_norm: float             # RMS of the sublayer input h
+
+
+@dataclass(frozen=True)
+class SublayerRecord:
+    layer: int
+    site: str                 # "attn" or "mlp"
+    kind: str                 # "kda", "mla", "dense" or "moe"
+    out_norm: float           # RMS of the sublayer output v
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    """Decode-cache bytes after this token, measured from the live tensors."""
+
+    kv_bytes: int             # growing caches of the hybrid (MLA layers)
+    state_bytes: int          # fixed KDA states (S + conv tail)
+    twin_kv_bytes: int        # the all-softmax twin's cache at the same position
+    layer_bytes: tuple[int, ...] = ()  # per layer of the hybrid
+
+    @property
+    def total_bytes(self) -> int:
+        return self.kv_bytes + self.state_bytes
+
+
+@dataclass(frozen=True)
+class Frame:
+    index: int                # step number in the timeline (0 = first generated token)
+    position: int             # position of the input token in the sequence
+    input_id: int             # the token fed in at this step
+    input_text: str
+    token_id: int             # the token chosen from this step's logits (the generated token)
+    token_text: str
+    top_ids: np.ndarray       # [5] int64 most likely next tokens
+    top_probs: np.ndarray     # [5] float32 their probabilities
+    routing: tuple[RoutingRecord, ...]
+    kda: tuple[KDARecord, ...]
+    depth: tuple[DepthRecord, ...]
+    sublayers: tuple[SublayerRecord, ...]
+    memory: MemoryRecord
+    step_ms: float            # wall time of the hybrid's decode step (with recording)
+    twin_step_ms: float       # wall time of the twin's decode step
+    forced: bool = False      # the token was forced by the user, not sampled
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def routing_for(self, layer: int) -> RoutingRecord | None:
+        return next((r for r in self.routing if r.layer == layer), None)
+
+    def kda_for(self, layer: int) -> KDARecord | None:
+        return next((r for r in self.kda if r.layer == layer), None)
+
+    def nbytes(self) -> int:
+        """Approximate memory held by this frame's arrays."""
+        total = self.top_ids.nbytes + self.top_probs.nbytes
+        for r in self.routing:
+            total += r.scores.nbytes + r.bias.nbytes + r.expert_ids.nbytes + r.weights.nbytes
+        for r in self.kda:
+            total += r.state.nbytes + r.decay.nbytes + r.beta.nbytes + r.state_norm.nbytes + r.correction_norm.nbytes
+        for r in self.depth:
+            total += r.weights.nbytes
+        return total

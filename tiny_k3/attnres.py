@@ -1,0 +1,88 @@
+"""Attention Residuals: softmax attention over depth instead of a fixed residual sum.
+
+Kimi Team, "Attention Residuals", arXiv:2603.15031 (reference/attnres.md). Every attention and
+every MLP sublayer l gets its own learned pseudo-query w_l in R^D and its own key RMSNorm:
+
+    alpha_{i->l} = softmax_i( w_l . RMSNorm(v_i) )        # over depth; no 1/sqrt(D)   (Eqs. 1-4)
+    h_l          = sum_i alpha_{i->l} v_i                  # raw values, embedding first
+
+Block AttnRes (Eqs. 5-6) attends over block sums b_0 = embedding, b_1..b_{n-1} (completed blocks)
+and the current block's partial sum; `block_size=1` is Full AttnRes. With w_l = 0 the weights are
+uniform and h_l is the *mean* of the sources, which every PreNorm consumer sees as the standard
+residual sum (attnres.md §3): the network starts as a plain residual network.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .norm import rms_norm
+
+
+def depth_attention(sources: torch.Tensor, query: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                    eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """One depth-attention read (attnres.md §2).
+
+    sources [N, B, T, D] (embedding first), query [D], norm_weight [D] (the key RMSNorm gain).
+    Returns h [B, T, D] = the weighted sum of the raw sources, and weights [B, T, N] summing to 1.
+    """
+    if sources.dim() != 4:
+        raise ValueError(f"sources must be [N, B, T, D], got shape {tuple(sources.shape)}.")
+    if query.shape != (sources.shape[-1],):
+        raise ValueError(f"query must be [D] = [{sources.shape[-1]}], got shape {tuple(query.shape)}.")
+    keys = rms_norm(sources, norm_weight, eps)                       # only the keys are normalised
+    logits = torch.einsum("nbtd,d->nbt", keys.float(), query.float())  # depth logits in fp32
+    weights = logits.softmax(dim=0)                                   # softmax over depth
+    h = torch.einsum("nbt,nbtd->btd", weights.to(sources.dtype), sources)
+    return h, weights.permute(1, 2, 0).to(sources.dtype)
+
+
+class DepthAttention(nn.Module):
+    """The pseudo-query w_l and key norm of one sublayer; zero-initialised (attnres.md §3)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.query = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self.key_norm = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """sources: list of N tensors [B, T, D] -> (h [B, T, D], weights [B, T, N])."""
+        return depth_attention(torch.stack(sources), self.query, self.key_norm, self.eps)
+
+
+class DepthStream:
+    """The residual stream of one forward pass, as a list of depth sources.
+
+    mode "standard": one running sum x (h_l = x, the plain PreNorm residual).
+    mode "block"/"full": completed block sums [b_0 = embedding, b_1, ...] plus the current block's
+    partial sum of sublayer outputs; a block closes after `block_size` sublayers (1 = Full AttnRes).
+    """
+
+    def __init__(self, embedding: torch.Tensor, mode: str, block_size: int):
+        self.mode = mode
+        self.block_size = 1 if mode == "full" else block_size
+        self.blocks = [embedding]
+        self.partial: torch.Tensor | None = None
+        self.in_block = 0
+
+    def sources(self) -> list[torch.Tensor]:
+        return self.blocks + ([self.partial] if self.partial is not None else [])
+
+    def read(self, depth: DepthAttention | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The input h_l of the next sublayer and its depth weights [B, T, N] (None for standard)."""
+        if self.mode == "standard":
+            return self.blocks[0], None
+        return depth(self.sources())
+
+    def add(self, out: torch.Tensor) -> None:
+        """Add a sublayer output v_l [B, T, D] to the stream."""
+        if self.mode == "standard":
+            self.blocks[0] = self.blocks[0] + out
+            return
+        self.partial = out if self.partial is None else self.partial + out
+        self.in_block += 1
+        if self.in_block == self.block_size:
+            self.blocks.append(self.partial)
+            self.partial, self.in_block = None, 0

@@ -1,0 +1,224 @@
+"""K3Config: every knob of a Kimi K3-style model in one dataclass, plus named presets.
+
+The released K3 values come from its config.json (see ../shared/reference/k3_facts.md §1b);
+the tiny presets keep K3's shape of things: 56 experts per chosen expert (896:16), the
+KDA,KDA,KDA,MLA schedule ending in MLA, a dense first layer, 2 shared experts, latent MoE
+and Block Attention Residuals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+RESIDUALS = ("block", "full", "standard")
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+class ConfigError(ValueError):
+    """A config that cannot build a model; the message is one sentence saying why."""
+
+
+def k3_schedule(num_layers: int) -> tuple[str, ...]:
+    """K3's layer kinds: every 4th layer (1-based) is gated MLA, and so is the last one.
+
+    K3 (93 layers): MLA at 1-based 4, 8, ..., 92 and 93 -> 69 KDA + 24 MLA (k3_facts.md §1).
+    """
+    kinds = ["mla" if (i + 1) % 4 == 0 else "kda" for i in range(num_layers)]
+    if num_layers:
+        kinds[-1] = "mla"
+    return tuple(kinds)
+
+
+@dataclass(frozen=True)
+class K3Config:
+    name: str = "custom"
+    vocab_size: int = 512            # byte tokenizer: 256 bytes + specials; the rest stay unused
+    hidden_size: int = 64            # d: width of the residual stream
+    num_layers: int = 8              # transformer blocks (each = attention sublayer + MLP sublayer)
+    layer_kinds: tuple[str, ...] = ()  # "kda" or "mla" per layer; () means K3's schedule
+    first_k_dense: int = 1           # the first k layers use a dense SwiGLU MLP instead of MoE
+    dense_intermediate: int = 304    # hidden width of that dense MLP
+    max_seq_len: int = 4096          # longest sequence (prompt + generated) a preset allows
+    rms_norm_eps: float = 1e-5
+    dtype: str = "float32"           # weights and the MLA cache; the KDA state is always float32
+    init_std: float = 0.02
+
+    # Kimi Delta Attention (kda.md §3)
+    kda_heads: int = 2
+    kda_head_dim: int = 32           # K = V
+    kda_conv_kernel: int = 4         # causal depthwise short convolution on q, k, v
+    kda_gate_rank: int = 32          # low-rank decay gate f_a: d -> rank, f_b: rank -> H*K
+    kda_gate_lower_bound: float | None = -5.0  # K3: g = lb * sigmoid(...) in (-5, 0); None: -exp(A_log)*softplus
+    kda_chunk_size: int = 64         # chunk length of the chunked (WY) form used in prefill
+
+    # Gated MLA with NoPE (k3_facts.md §1c)
+    mla_heads: int = 2
+    q_lora_rank: int | None = 16     # None: a plain q projection
+    kv_lora_rank: int = 16           # the compressed latent c that the cache keeps
+    qk_nope_dim: int = 16
+    qk_rope_dim: int = 8             # shared key part; cached; not rotated (NoPE)
+    v_head_dim: int = 16
+
+    # Latent MoE (k3_facts.md §1c, §2)
+    num_experts: int = 896
+    top_k: int = 16
+    moe_intermediate: int = 8        # hidden width of one routed expert
+    latent_dim: int = 32             # experts run at this width (K3: 7168 -> 3584)
+    num_shared_experts: int = 2
+    shared_intermediate: int = 16    # hidden width of each shared expert (run at full width)
+    routed_scaling: float = 1.0      # K3: 1.0
+    renormalize: bool = True
+    situ_beta_gate: float = 4.0      # SiTU-GLU soft caps
+    situ_beta_up: float = 25.0
+    bias_update_rate: float = 1e-3   # gamma of the aux-loss-free selection-bias update
+
+    # Attention Residuals (attnres.md)
+    residual: str = "block"          # "block", "full" or "standard" (the plain PreNorm residual)
+    attnres_block_size: int = 12     # sublayers per AttnRes block (K3: 12)
+
+    def __post_init__(self):
+        if not self.layer_kinds:
+            object.__setattr__(self, "layer_kinds", k3_schedule(self.num_layers))
+        object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
+        self.validate()
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def kda_layers(self) -> list[int]:
+        return [i for i, kind in enumerate(self.layer_kinds) if kind == "kda"]
+
+    @property
+    def mla_layers(self) -> list[int]:
+        return [i for i, kind in enumerate(self.layer_kinds) if kind == "mla"]
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return list(range(self.first_k_dense, self.num_layers))
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_dim + self.qk_rope_dim
+
+    @property
+    def mla_cache_width(self) -> int:
+        """Values cached per token per MLA layer: the latent c and the shared key part."""
+        return self.kv_lora_rank + self.qk_rope_dim
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def num_sublayers(self) -> int:
+        return 2 * self.num_layers
+
+    @property
+    def routing_ratio(self) -> float:
+        return self.num_experts / self.top_k
+
+    def twin(self) -> "K3Config":
+        """The all-softmax twin: the same model with every attention layer as gated MLA."""
+        return dataclasses.replace(self, name=f"{self.name}-twin", layer_kinds=("mla",) * self.num_layers)
+
+    def replace(self, **changes) -> "K3Config":
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        def need(ok: bool, message: str):
+            if not ok:
+                raise ConfigError(message)
+
+        positive = ["vocab_size", "hidden_size", "num_layers", "dense_intermediate", "max_seq_len",
+                    "kda_heads", "kda_head_dim", "kda_conv_kernel", "kda_gate_rank", "kda_chunk_size",
+                    "mla_heads", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "num_experts", "top_k",
+                    "moe_intermediate", "latent_dim", "shared_intermediate", "attnres_block_size"]
+        for name in positive:
+            need(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}.")
+        need(self.vocab_size >= 258, f"vocab_size must be at least 258 (256 bytes + BOS + EOS), got {self.vocab_size}.")
+        need(self.top_k <= self.num_experts,
+             f"top_k ({self.top_k}) cannot be larger than num_experts ({self.num_experts}).")
+        need(self.qk_rope_dim >= 0, f"qk_rope_dim must be 0 or more, got {self.qk_rope_dim}.")
+        need(self.q_lora_rank is None or self.q_lora_rank >= 1,
+             f"q_lora_rank must be None or a positive integer, got {self.q_lora_rank}.")
+        need(self.num_shared_experts >= 0, f"num_shared_experts must be 0 or more, got {self.num_shared_experts}.")
+        need(len(self.layer_kinds) == self.num_layers,
+             f"layer_kinds has {len(self.layer_kinds)} entries but num_layers is {self.num_layers}.")
+        bad = sorted({k for k in self.layer_kinds if k not in ("kda", "mla")})
+        need(not bad, f"layer_kinds may only contain 'kda' and 'mla', got {bad}.")
+        need(self.layer_kinds[-1] == "mla",
+             "the layer schedule must end with an MLA layer (K3's last layer is gated MLA).")
+        need(0 <= self.first_k_dense <= self.num_layers,
+             f"first_k_dense must be between 0 and num_layers ({self.num_layers}), got {self.first_k_dense}.")
+        need(self.residual in RESIDUALS, f"residual must be one of {', '.join(RESIDUALS)}; got {self.residual!r}.")
+        need(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}.")
+        need(self.kda_gate_lower_bound is None or self.kda_gate_lower_bound < 0,
+             f"kda_gate_lower_bound must be negative or None, got {self.kda_gate_lower_bound}.")
+        need(self.rms_norm_eps > 0, f"rms_norm_eps must be positive, got {self.rms_norm_eps}.")
+
+    # ------------------------------------------------------------------ presets
+    @staticmethod
+    def presets() -> list[str]:
+        return list(_PRESETS)
+
+    @staticmethod
+    def preset(name: str, **overrides) -> "K3Config":
+        """A named preset, optionally with some fields changed: `K3Config.preset("tiny", top_k=4)`."""
+        if name not in _PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; valid presets are: {', '.join(_PRESETS)}.")
+        base = _PRESETS[name]
+        return dataclasses.replace(base, **overrides) if overrides else base
+
+
+DEFAULT_PRESET = "small"
+TEST_PRESET = "tiny"
+
+
+def _mini(experts: int, top_k: int) -> K3Config:
+    """k3_facts.md §7 family A: iso-parameter and iso-FLOP, m = 256/k, granularity grows with N."""
+    return K3Config(
+        name=f"mini-{experts}/{top_k}", vocab_size=512, hidden_size=128, num_layers=8,
+        dense_intermediate=608, kda_heads=4, kda_head_dim=32, kda_gate_rank=32,
+        mla_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
+        num_experts=experts, top_k=top_k, moe_intermediate=256 // top_k, latent_dim=64,
+        shared_intermediate=128, attnres_block_size=2,
+    )
+
+
+_PRESETS: dict[str, K3Config] = {
+    # The released K3 (k3_facts.md §1b). Never materialised: built on the meta device only.
+    "k3": K3Config(
+        name="k3", vocab_size=163840, hidden_size=7168, num_layers=93, dense_intermediate=33792,
+        max_seq_len=1_048_576, dtype="bfloat16",
+        kda_heads=96, kda_head_dim=128, kda_gate_rank=128, kda_gate_lower_bound=-5.0,
+        mla_heads=96, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128,
+        num_experts=896, top_k=16, moe_intermediate=3072, latent_dim=3584,
+        num_shared_experts=2, shared_intermediate=3072, routed_scaling=1.0, attnres_block_size=12,
+    ),
+    # K3's exact topology (93 layers, 69 KDA + 24 MLA, 896 experts, top-16) at tiny widths (§7).
+    "k3-topo": K3Config(
+        name="k3-topo", vocab_size=512, hidden_size=64, num_layers=93, dense_intermediate=304,
+        kda_heads=2, kda_head_dim=32, kda_gate_rank=32,
+        mla_heads=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
+        num_experts=896, top_k=16, moe_intermediate=8, latent_dim=32, shared_intermediate=16,
+        attnres_block_size=12,
+    ),
+    **{f"mini-{n}/{k}": _mini(n, k) for n, k in [(56, 1), (112, 2), (224, 4), (448, 8), (896, 16)]},
+    # The TUI's and lessons' default: 8 layers, the full 896-expert grid, quick on a laptop.
+    "small": K3Config(
+        name="small", vocab_size=512, hidden_size=64, num_layers=8, dense_intermediate=256,
+        max_seq_len=2048, kda_heads=2, kda_head_dim=32, kda_gate_rank=32,
+        mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
+        num_experts=896, top_k=16, moe_intermediate=16, latent_dim=32, shared_intermediate=32,
+        attnres_block_size=4,
+    ),
+    # The tests' preset: one KDA,KDA,KDA,MLA cycle, 112 experts top-2 (still 56:1).
+    "tiny": K3Config(
+        name="tiny", vocab_size=512, hidden_size=32, num_layers=4, dense_intermediate=64,
+        max_seq_len=512, kda_heads=2, kda_head_dim=8, kda_gate_rank=8, kda_chunk_size=16,
+        mla_heads=2, q_lora_rank=16, kv_lora_rank=8, qk_nope_dim=8, qk_rope_dim=4, v_head_dim=8,
+        num_experts=112, top_k=2, moe_intermediate=8, latent_dim=16, shared_intermediate=16,
+        attnres_block_size=2,
+    ),
+}

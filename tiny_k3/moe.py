@@ -1,0 +1,232 @@
+"""Latent MoE: a sigmoid router with a selection bias, top-k routed experts in a latent width, shared experts.
+
+K3's MoE sublayer (k3_facts.md §1c, §2, §3b), for x [B, T, D]:
+
+    s = sigmoid(W_r x)                      router affinities in fp32 on the full-width x        [B, T, E]
+    ids = topk(s + b, k)                    b = e_score_correction_bias: selection only           [B, T, k]
+    w = s[ids] / sum(s[ids]) * scaling      weights from the *unbiased* scores                    [B, T, k]
+    z = W_down x                            D -> latent l (K3: 7168 -> 3584)                       [B, T, l]
+    y = sum_j w_j E_j(z)                    E_j(z) = W2_j situ_glu(W1_j z, W3_j z), l -> m -> l   [B, T, l]
+    out = W_up RMSNorm(y) + Shared(x)       norm after the full sum; shared experts at width D    [B, T, D]
+
+Only the k chosen experts of each token are computed (see `LatentMoE._experts`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .config import K3Config
+from .norm import RMSNorm
+
+
+class Routing(NamedTuple):
+    """The router's decision for every token.
+
+    expert_ids [..., k] long: the chosen experts, ordered by descending *biased* score s + b.
+    weights    [..., k]: their mixing weights, taken from the unbiased scores s.
+    scores     [..., E]: all unbiased sigmoid affinities s (what the simulator shows).
+    """
+
+    expert_ids: torch.Tensor
+    weights: torch.Tensor
+    scores: torch.Tensor
+
+
+def route(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormalize: bool = True,
+          scaling: float = 1.0) -> Routing:
+    """DeepSeek-V3 / K3 "noaux_tc" selection (k3_facts.md §1c, §3b).
+
+    scores [..., E] sigmoid affinities (fp32); bias [E] or None (zeros). The bias only decides *which*
+    experts win (topk of scores + bias); the weights are the unbiased scores of the winners, divided by
+    their sum (+1e-20) when `renormalize`, then times `scaling`. Ids come out in descending biased score.
+    """
+    num_experts = scores.shape[-1]
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be between 1 and the number of experts ({num_experts}), got {top_k}.")
+    if bias is not None and tuple(bias.shape) != (num_experts,):
+        raise ValueError(f"bias must have shape [{num_experts}] (one value per expert), got {list(bias.shape)}.")
+    biased = scores if bias is None else scores + bias
+    expert_ids = biased.topk(top_k, dim=-1, sorted=True).indices
+    weights = scores.gather(-1, expert_ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    if scaling != 1.0:
+        weights = weights * scaling
+    return Routing(expert_ids, weights, scores)
+
+
+def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta_gate: float = 4.0, beta_up: float = 25.0) -> torch.Tensor:
+    """K3's SiTU-GLU (k3_facts.md §1c): h = [4 tanh(g/4) sigmoid(g)] * [25 tanh(u/25)], |h| < 100.
+
+    A soft-capped SwiGLU: beta*tanh(x/beta) ~ x for |x| << beta, so for small inputs h ~ silu(g) * u,
+    while for large ones the gate stays below beta_gate and the up branch below beta_up in magnitude.
+    """
+    return torch.tanh(gate / beta_gate) * torch.sigmoid(gate) * torch.tanh(up / beta_up) * (beta_gate * beta_up)
+
+
+class GatedMLP(nn.Module):
+    """w2(situ_glu(w1 x, w3 x)): K3's dense first-layer MLP and its (fused) shared experts. x [..., d_in]."""
+
+    def __init__(self, d_in: int, d_hidden: int, config: K3Config, device=None, dtype=None):
+        super().__init__()
+        self.beta_gate, self.beta_up = config.situ_beta_gate, config.situ_beta_up
+        self.w1 = nn.Linear(d_in, d_hidden, bias=False, device=device, dtype=dtype)  # gate
+        self.w3 = nn.Linear(d_in, d_hidden, bias=False, device=device, dtype=dtype)  # up
+        self.w2 = nn.Linear(d_hidden, d_in, bias=False, device=device, dtype=dtype)  # down
+        for linear in (self.w1, self.w3, self.w2):
+            nn.init.normal_(linear.weight, std=config.init_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(situ_glu(self.w1(x), self.w3(x), self.beta_gate, self.beta_up))
+
+
+class Router(nn.Module):
+    """Sigmoid router with K3's selection bias.
+
+    `weight` [E, D] is a plain Parameter (the HF checkpoint's `gate.weight`); `bias` [E] float32 is a
+    *buffer* (HF `e_score_correction_bias`): saved in the state_dict but never touched by the optimiser,
+    only by `update_bias`.
+    """
+
+    def __init__(self, dim: int, num_experts: int, top_k: int, *, renormalize: bool = True, scaling: float = 1.0,
+                 bias_update_rate: float = 1e-3, init_std: float = 0.02, device=None, dtype=None):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be between 1 and the number of experts ({num_experts}), got {top_k}.")
+        self.top_k, self.renormalize, self.scaling = top_k, renormalize, scaling
+        self.bias_update_rate = bias_update_rate
+        self.weight = nn.Parameter(torch.empty(num_experts, dim, device=device, dtype=dtype))
+        self.register_buffer("bias", torch.zeros(num_experts, device=device, dtype=torch.float32))
+        nn.init.normal_(self.weight, std=init_std)
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        """x [..., D] -> Routing. Scores in fp32 (or wider, for a float64 x) on the full-width state (§1c)."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        scores = torch.sigmoid(F.linear(x.to(dtype), self.weight.to(dtype)))
+        return route(scores, self.bias, self.top_k, self.renormalize, self.scaling)
+
+    @torch.no_grad()
+    def update_bias(self, load: torch.Tensor, rate: float | None = None) -> torch.Tensor:
+        """Aux-loss-free balancing (DeepSeek-V3 §2.1.2, k3_facts.md §3b): b += rate * sign(mean(load) - load).
+
+        load [E]: tokens routed to each expert in the last batch. Overloaded experts become less likely to be
+        chosen, underloaded ones more; a perfectly balanced load leaves b unchanged. Returns the new bias.
+        """
+        if tuple(load.shape) != tuple(self.bias.shape):
+            raise ValueError(f"load must have shape {list(self.bias.shape)} (tokens per expert), got {list(load.shape)}.")
+        rate = self.bias_update_rate if rate is None else rate
+        load = load.to(self.bias.device, torch.float32)
+        self.bias += rate * torch.sign(load.mean() - load)
+        return self.bias
+
+
+class LatentMoE(nn.Module):
+    """K3's "Stable LatentMoE" sublayer: route on x [B, T, D], run the chosen experts in the latent width.
+
+    Routed experts are stacked: w1, w3 [E, m, l] (gate, up) and w2 [E, l, m] (down), m = moe_intermediate,
+    l = latent_dim. After a forward, `last_load` [E] holds the tokens sent to each expert, for
+    `self.router.update_bias(self.last_load)` in the training loop.
+    """
+
+    # Up to this many (token, slot) pairs, gather one weight copy per pair (decode); above, sort by expert.
+    gather_max_pairs = 64
+
+    def __init__(self, config: K3Config, device=None, dtype=None):
+        super().__init__()
+        c = config
+        self.config = c
+        E, D, m, l = c.num_experts, c.hidden_size, c.moe_intermediate, c.latent_dim
+        self.router = Router(D, E, c.top_k, renormalize=c.renormalize, scaling=c.routed_scaling,
+                             bias_update_rate=c.bias_update_rate, init_std=c.init_std, device=device, dtype=dtype)
+        self.down = nn.Linear(D, l, bias=False, device=device, dtype=dtype)
+        self.w1 = nn.Parameter(torch.empty(E, m, l, device=device, dtype=dtype))  # gate
+        self.w3 = nn.Parameter(torch.empty(E, m, l, device=device, dtype=dtype))  # up
+        self.w2 = nn.Parameter(torch.empty(E, l, m, device=device, dtype=dtype))  # down
+        self.latent_norm = RMSNorm(l, eps=c.rms_norm_eps, device=device, dtype=dtype)
+        self.up = nn.Linear(l, D, bias=False, device=device, dtype=dtype)
+        self.shared = (GatedMLP(D, c.num_shared_experts * c.shared_intermediate, c, device=device, dtype=dtype)
+                       if c.num_shared_experts else None)
+        for weight in (self.down.weight, self.up.weight, self.w1, self.w3, self.w2):
+            nn.init.normal_(weight, std=c.init_std)
+        self._last_ids: torch.Tensor | None = None
+
+    @property
+    def last_load(self) -> torch.Tensor:
+        """[E] float: tokens routed to each expert in the last forward (zeros before the first)."""
+        if self._last_ids is None:
+            return torch.zeros(self.config.num_experts, device=self.w1.device)
+        return torch.bincount(self._last_ids, minlength=self.config.num_experts).float()
+
+    def forward(self, x: torch.Tensor, recorder=None, layer: int = 0) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]."""
+        routing = self.router(x)
+        ids = routing.expert_ids.reshape(-1)                        # [P], P = N*k pairs, token-major
+        self._last_ids = ids.detach()                               # counted lazily by `last_load`
+        if recorder is not None:
+            recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
+                            expert_ids=routing.expert_ids.detach(), weights=routing.weights.detach())
+        z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
+        y = self._experts(z, ids, routing.weights.reshape(-1).to(z.dtype))
+        return self._combine(y.reshape(*x.shape[:-1], -1), x)
+
+    def _combine(self, y_latent: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        out = self.up(self.latent_norm(y_latent))   # RMSNorm after the full expert sum (§1c)
+        return out if self.shared is None else out + self.shared(x)
+
+    def _experts(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """y[n] = sum_j w[n,j] E_{ids[n,j]}(z[n]), running only the chosen experts.
+
+        z [N, l]; ids, weights [P = N*k], token-major (pair p belongs to token p // k). Returns [N, l].
+        """
+        (n_tokens, l), n_pairs = z.shape, ids.numel()
+        k = n_pairs // n_tokens
+        if n_pairs <= self.gather_max_pairs:
+            # Decode: copy each token's k experts side by side, so gate and up are one matrix-vector product
+            # per token ([k*m, l] @ z); the down projection is one small product per pair, then the k-sum.
+            w1 = self.w1.index_select(0, ids).view(n_tokens, -1, l)                 # [N, k*m, l]
+            w3 = self.w3.index_select(0, ids).view(n_tokens, -1, l)
+            rows = z.unsqueeze(-1)                                                  # [N, l, 1]
+            h = situ_glu(torch.bmm(w1, rows), torch.bmm(w3, rows), *self._betas)    # [N, k*m, 1]
+            h = h.view(n_pairs, -1, 1) * weights.view(-1, 1, 1)                     # [P, m, 1]
+            out = torch.bmm(self.w2.index_select(0, ids), h)                        # [P, l, 1]
+            return out.view(n_tokens, k, l).sum(1)
+        # Prefill: sort the pairs by expert and cut each expert's run into tiles of `cap` rows, cap = the mean
+        # run of a used expert. Each tile is one batch entry of a bmm with its expert's weights. Tiles per
+        # expert = ceil(count / cap) <= count / cap + 1, so there are at most twice as many tiles as used
+        # experts and at most about twice as many rows as pairs, however skewed the routing.
+        counts = torch.bincount(ids, minlength=self.w1.shape[0])                     # [E]
+        cap = -(-n_pairs // int((counts > 0).sum()))
+        tiles = (counts + cap - 1) // cap                                            # [E]
+        order = torch.argsort(ids, stable=True)                                      # [P] pairs by expert
+        sorted_ids = ids[order]
+        rank = torch.arange(n_pairs, device=z.device) - (torch.cumsum(counts, 0) - counts)[sorted_ids]
+        slot = ((torch.cumsum(tiles, 0) - tiles)[sorted_ids] + rank // cap) * cap + rank % cap  # row in buffer
+        tile_expert = torch.repeat_interleave(torch.arange(len(counts), device=z.device), tiles)  # [n_tiles]
+        token = order // k                                                           # [P] token of sorted pair
+        buf = z.new_zeros(len(tile_expert) * cap, l).index_copy(0, slot, z.index_select(0, token))
+        buf = buf.view(len(tile_expert), cap, l)                                     # [n_tiles, cap, l]
+        h = situ_glu(buf @ self.w1.index_select(0, tile_expert).transpose(1, 2),
+                     buf @ self.w3.index_select(0, tile_expert).transpose(1, 2), *self._betas)  # [n_tiles, cap, m]
+        out = (h @ self.w2.index_select(0, tile_expert).transpose(1, 2)).view(-1, l)   # [n_tiles*cap, l]
+        out = out.index_select(0, slot) * weights.index_select(0, order).unsqueeze(-1)  # [P, l] sorted
+        return z.new_zeros(n_tokens, l).index_add(0, token, out)
+
+    @property
+    def _betas(self) -> tuple[float, float]:
+        return self.config.situ_beta_gate, self.config.situ_beta_up
+
+    def dense_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Test oracle: run ALL E experts on every token and mix with the routing weights (zeros elsewhere)."""
+        routing = self.router(x)
+        z = self.down(x)                                                            # [B, T, l]
+        h = situ_glu(torch.einsum("btl,eml->btem", z, self.w1), torch.einsum("btl,eml->btem", z, self.w3),
+                     *self._betas)                                                  # [B, T, E, m]
+        every = torch.einsum("btem,elm->btel", h, self.w2)                          # [B, T, E, l]
+        mix = torch.zeros(routing.scores.shape, dtype=z.dtype, device=z.device)
+        mix = mix.scatter(-1, routing.expert_ids, routing.weights.to(z.dtype))       # [B, T, E]
+        return self._combine(torch.einsum("bte,btel->btl", mix, every), x)

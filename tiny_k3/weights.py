@@ -1,0 +1,84 @@
+"""Shipped checkpoints: safetensors files in tiny_k3/weights/, checked before use. Nothing is unpickled."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, K3Config
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt or does not fit its preset; one sentence says which."""
+
+
+def weights_path(preset: str, directory: Path = WEIGHTS_DIR) -> Path:
+    return Path(directory) / f"{preset.replace('/', '_')}.safetensors"
+
+
+def available_pretrained(directory: Path = WEIGHTS_DIR) -> list[str]:
+    """Presets whose trained weights ship with the package."""
+    return [name for name in K3Config.presets() if weights_path(name, directory).exists()]
+
+
+def config_to_json(config: K3Config) -> str:
+    return json.dumps(dataclasses.asdict(config), sort_keys=True)
+
+
+def save_pretrained(model, path: str | Path, info: dict | None = None) -> Path:
+    """Write model weights (+ its config in the metadata) as safetensors, and `info` beside it as JSON."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(tensors, str(path), metadata={"config": config_to_json(model.config)})
+    if info is not None:
+        path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
+    return path
+
+
+def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGHTS_DIR):
+    """Build `model_cls(config)` for a preset and load its shipped weights, checking everything first."""
+    from safetensors import SafetensorsError
+    from safetensors.torch import load_file, safe_open
+
+    config = K3Config.preset(preset)
+    path = weights_path(preset, directory)
+    if not path.exists():
+        shipped = ", ".join(available_pretrained(directory)) or "none"
+        raise CheckpointError(f"no trained weights ship for preset {preset!r}; presets with weights: {shipped}.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorsError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint {path.name} is corrupt or unreadable ({type(exc).__name__}).") from None
+    if meta.get("config") != config_to_json(config):
+        raise CheckpointError(f"checkpoint {path.name} was trained for a different config than preset {preset!r}.")
+
+    model = model_cls(config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        name = (missing or unexpected)[0]
+        raise CheckpointError(f"checkpoint {path.name} does not match the model: "
+                              f"{'missing' if missing else 'unexpected'} tensor {name!r}.")
+    for name, tensor in tensors.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(f"checkpoint {path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                  f"the model expects {tuple(expected[name].shape)}.")
+        if not torch.isfinite(tensor.float()).all():
+            raise CheckpointError(f"checkpoint {path.name}: tensor {name!r} holds non-finite values.")
+    model.load_state_dict(tensors)
+    return model.to(device) if device is not None else model
+
+
+__all__ = ["CheckpointError", "ConfigError", "save_pretrained", "load_pretrained", "available_pretrained",
+           "weights_path"]
