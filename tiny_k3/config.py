@@ -210,8 +210,8 @@ _PRESETS: dict[str, K3Config] = {
         name="small", vocab_size=512, hidden_size=64, num_layers=8, dense_intermediate=256,
         max_seq_len=2048, kda_heads=2, kda_head_dim=32, kda_gate_rank=32,
         mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
-        num_experts=896, top_k=16, moe_intermediate=16, latent_dim=32, shared_intermediate=32,
-        attnres_block_size=4,
+        num_experts=896, top_k=16, moe_intermediate=8, latent_dim=16, shared_intermediate=32,
+        attnres_block_size=4,  # 3.2M parameters: the hybrid and its twin ship in bfloat16 in 12.6 MB
     ),
     # The tests' preset: one KDA,KDA,KDA,MLA cycle, 112 experts top-2 (still 56:1).
     "tiny": K3Config(
