@@ -21,22 +21,44 @@ def weights_path(preset: str, directory: Path = WEIGHTS_DIR) -> Path:
     return Path(directory) / f"{preset.replace('/', '_')}.safetensors"
 
 
+def checkpoint_names() -> list[str]:
+    """Every name a checkpoint may have: each preset and its all-softmax twin ("small-twin")."""
+    return [n for name in K3Config.presets() for n in (name, f"{name}-twin")]
+
+
+def config_for(name: str) -> K3Config:
+    """The config of a checkpoint name: a preset, or "<preset>-twin" for its all-MLA twin."""
+    if name.endswith("-twin") and name[:-len("-twin")] in K3Config.presets():
+        return K3Config.preset(name[:-len("-twin")]).twin()
+    return K3Config.preset(name)
+
+
 def available_pretrained(directory: Path = WEIGHTS_DIR) -> list[str]:
-    """Presets whose trained weights ship with the package."""
-    return [name for name in K3Config.presets() if weights_path(name, directory).exists()]
+    """Checkpoint names (presets and "<preset>-twin") whose trained weights ship with the package."""
+    return [name for name in checkpoint_names() if weights_path(name, directory).exists()]
 
 
 def config_to_json(config: K3Config) -> str:
     return json.dumps(dataclasses.asdict(config), sort_keys=True)
 
 
-def save_pretrained(model, path: str | Path, info: dict | None = None) -> Path:
-    """Write model weights (+ its config in the metadata) as safetensors, and `info` beside it as JSON."""
+def save_pretrained(model, path: str | Path, info: dict | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write model weights (+ its config in the metadata) as safetensors, and `info` beside it as JSON.
+
+    `dtype` (e.g. torch.bfloat16) stores the learned weights narrower; the routers' selection biases stay
+    float32, since their steps of 1e-3 would vanish in bfloat16 and flip expert choices.
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+
+    def stored(name: str, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().contiguous().cpu()
+        keep = dtype is None or not t.is_floating_point() or name.endswith("router.bias")
+        return t if keep else t.to(dtype)
+
+    tensors = {k: stored(k, v) for k, v in model.state_dict().items()}
     save_file(tensors, str(path), metadata={"config": config_to_json(model.config)})
     if info is not None:
         path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
@@ -45,10 +67,10 @@ def save_pretrained(model, path: str | Path, info: dict | None = None) -> Path:
 
 def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGHTS_DIR):
     """Build `model_cls(config)` for a preset and load its shipped weights, checking everything first."""
-    from safetensors import SafetensorsError
+    from safetensors import SafetensorError
     from safetensors.torch import load_file, safe_open
 
-    config = K3Config.preset(preset)
+    config = config_for(preset)
     path = weights_path(preset, directory)
     if not path.exists():
         shipped = ", ".join(available_pretrained(directory)) or "none"
@@ -57,7 +79,7 @@ def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGH
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
         tensors = load_file(str(path))
-    except (SafetensorsError, OSError, ValueError, RuntimeError) as exc:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {path.name} is corrupt or unreadable ({type(exc).__name__}).") from None
     if meta.get("config") != config_to_json(config):
         raise CheckpointError(f"checkpoint {path.name} was trained for a different config than preset {preset!r}.")
@@ -76,9 +98,9 @@ def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGH
                                   f"the model expects {tuple(expected[name].shape)}.")
         if not torch.isfinite(tensor.float()).all():
             raise CheckpointError(f"checkpoint {path.name}: tensor {name!r} holds non-finite values.")
-    model.load_state_dict(tensors)
+    model.load_state_dict(tensors)  # copies (and casts bfloat16 files) into the config's dtype
     return model.to(device) if device is not None else model
 
 
 __all__ = ["CheckpointError", "ConfigError", "save_pretrained", "load_pretrained", "available_pretrained",
-           "weights_path"]
+           "weights_path", "config_for", "checkpoint_names"]
