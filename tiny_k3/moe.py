@@ -115,26 +115,29 @@ class Router(nn.Module):
         """Aux-loss-free balancing (DeepSeek-V3 §2.1.2, k3_facts.md §3b): b += rate * sign(mean(load) - load).
 
         load [E]: tokens routed to each expert in the last batch. Overloaded experts become less likely to be
-        chosen, underloaded ones more; a perfectly balanced load leaves b unchanged. Returns the new bias.
+        chosen, underloaded ones more; a perfectly balanced load leaves b unchanged. Returns a copy of the new b.
         """
         if tuple(load.shape) != tuple(self.bias.shape):
-            raise ValueError(f"load must have shape {list(self.bias.shape)} (tokens per expert), got {list(load.shape)}.")
+            raise ValueError(f"load must have shape {list(self.bias.shape)} (tokens per expert), "
+                             f"got {list(load.shape)}.")
         rate = self.bias_update_rate if rate is None else rate
         load = load.to(self.bias.device, torch.float32)
         self.bias += rate * torch.sign(load.mean() - load)
-        return self.bias
+        return self.bias.clone()
 
 
 class LatentMoE(nn.Module):
     """K3's "Stable LatentMoE" sublayer: route on x [B, T, D], run the chosen experts in the latent width.
 
     Routed experts are stacked: w1, w3 [E, m, l] (gate, up) and w2 [E, l, m] (down), m = moe_intermediate,
-    l = latent_dim. After a forward, `last_load` [E] holds the tokens sent to each expert, for
-    `self.router.update_bias(self.last_load)` in the training loop.
+    l = latent_dim. After a forward, `last_load` [E] holds the tokens sent to each expert (counted on demand),
+    for `self.router.update_bias(self.last_load)` in the training loop. `dense_reference` runs every expert:
+    the test oracle for the sparse forward.
     """
 
-    # Up to this many (token, slot) pairs, gather one weight copy per pair (decode); above, sort by expert.
-    gather_max_pairs = 64
+    # Decode path while the per-pair weight copies stay below this many elements (measured crossover on CPU,
+    # about 1 MB of fp32); above it, sort the pairs by expert. Tests set it to 0 or a huge value to pick a path.
+    gather_max_elements = 1 << 18
 
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()
@@ -164,6 +167,9 @@ class LatentMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, recorder=None, layer: int = 0) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]."""
+        if x.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"LatentMoE expects inputs of width hidden_size={self.config.hidden_size}, "
+                             f"got shape {list(x.shape)}.")
         routing = self.router(x)
         ids = routing.expert_ids.reshape(-1)                        # [P], P = N*k pairs, token-major
         self._last_ids = ids.detach()                               # counted lazily by `last_load`
@@ -185,7 +191,7 @@ class LatentMoE(nn.Module):
         """
         (n_tokens, l), n_pairs = z.shape, ids.numel()
         k = n_pairs // n_tokens
-        if n_pairs <= self.gather_max_pairs:
+        if n_pairs * 3 * self.w1.shape[1] * l <= self.gather_max_elements:
             # Decode: copy each token's k experts side by side, so gate and up are one matrix-vector product
             # per token ([k*m, l] @ z); the down projection is one small product per pair, then the k-sum.
             w1 = self.w1.index_select(0, ids).view(n_tokens, -1, l)                 # [N, k*m, l]

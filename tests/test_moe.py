@@ -1,0 +1,269 @@
+"""Router, SiTU-GLU and latent MoE (tiny_k3/moe.py) against their definitions (k3_facts.md §1c, §1d, §3b)."""
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from tiny_k3.config import K3Config
+from tiny_k3.moe import GatedMLP, LatentMoE, Router, Routing, route, situ_glu
+from tiny_k3.probe import TraceRecorder
+
+DECODE, PREFILL = 1 << 62, 0   # values of LatentMoE.gather_max_elements that force one code path
+
+
+# ---------------------------------------------------------------------------------------------- route
+def test_route_picks_k_distinct_experts_in_biased_order():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.rand(3, 5, 112, generator=gen)
+    bias = 0.1 * torch.randn(112, generator=gen)
+    r = route(scores, bias, 7)
+    assert isinstance(r, Routing) and r.expert_ids.shape == (3, 5, 7) and r.expert_ids.dtype == torch.long
+    assert all(len(set(row.tolist())) == 7 for row in r.expert_ids.reshape(-1, 7))
+    biased = (scores + bias).gather(-1, r.expert_ids)
+    assert (biased[..., :-1] >= biased[..., 1:]).all()                       # descending biased score
+    assert (biased[..., -1:] >= (scores + bias).topk(7, -1).values[..., -1:]).all()
+    torch.testing.assert_close(r.weights.sum(-1), torch.ones(3, 5))
+    assert r.scores is scores
+
+
+def test_bias_changes_the_choice_but_not_the_weights():
+    scores = torch.tensor([[0.6, 0.5, 0.2, 0.1]])
+    plain = route(scores, torch.zeros(4), 2)
+    assert plain.expert_ids.tolist() == [[0, 1]]
+    torch.testing.assert_close(plain.weights, torch.tensor([[0.6, 0.5]]) / 1.1)
+
+    # biased scores [0.6, 0.5, 0.55, 0.1]: expert 2 displaces expert 1, but weighs its own score 0.2
+    flipped = route(scores, torch.tensor([0.0, 0.0, 0.35, 0.0]), 2)
+    assert flipped.expert_ids.tolist() == [[0, 2]]
+    torch.testing.assert_close(flipped.weights, torch.tensor([[0.75, 0.25]]))  # 0.6/0.8, 0.2/0.8
+
+    # a larger bias also reorders: expert 2 comes first (biased 0.7), the weights follow the ids
+    first = route(scores, torch.tensor([0.0, 0.0, 0.5, 0.0]), 2)
+    assert first.expert_ids.tolist() == [[2, 0]]
+    torch.testing.assert_close(first.weights, torch.tensor([[0.25, 0.75]]))
+
+    raw = route(scores, torch.tensor([0.0, 0.0, 0.35, 0.0]), 2, renormalize=False)
+    torch.testing.assert_close(raw.weights, torch.tensor([[0.6, 0.2]]))
+    scaled = route(scores, torch.tensor([0.0, 0.0, 0.35, 0.0]), 2, scaling=2.5)
+    torch.testing.assert_close(scaled.weights, torch.tensor([[1.875, 0.625]]))
+    torch.testing.assert_close(scaled.weights.sum(-1), torch.tensor([2.5]))
+
+
+def test_route_rejects_bad_top_k_and_bias():
+    scores = torch.rand(2, 4)
+    with pytest.raises(ValueError, match=r"top_k must be between 1 and the number of experts \(4\), got 5"):
+        route(scores, None, 5)
+    with pytest.raises(ValueError, match="got 0"):
+        route(scores, None, 0)
+    with pytest.raises(ValueError, match=r"bias must have shape \[4\]"):
+        route(scores, torch.zeros(3), 2)
+    with pytest.raises(ValueError, match="top_k"):
+        Router(8, 4, 5)
+
+
+# ---------------------------------------------------------------------------------------------- SiTU-GLU
+def test_situ_glu_matches_the_formula():
+    def by_hand(g, u):   # k3_facts.md §1c: [4 tanh(g/4) sigma(g)] * [25 tanh(u/25)]
+        return 4 * math.tanh(g / 4) / (1 + math.exp(-g)) * 25 * math.tanh(u / 25)
+
+    pairs = [(0.0, 3.0), (1.0, 1.0), (-2.0, 0.5), (3.0, -40.0), (10.0, 100.0), (-7.5, 2.0)]
+    g = torch.tensor([p[0] for p in pairs], dtype=torch.float64)
+    u = torch.tensor([p[1] for p in pairs], dtype=torch.float64)
+    expected = torch.tensor([by_hand(a, b) for a, b in pairs], dtype=torch.float64)
+    torch.testing.assert_close(situ_glu(g, u), expected, rtol=1e-12, atol=1e-12)
+    assert situ_glu(g, u)[0] == 0                                   # gate 0 -> output 0
+    # the betas are arguments: beta_gate=2, beta_up=3 at g=u=1
+    torch.testing.assert_close(situ_glu(torch.tensor(1.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64),
+                                        2.0, 3.0),
+                               torch.tensor(2 * math.tanh(0.5) / (1 + math.exp(-1)) * 3 * math.tanh(1 / 3),
+                                            dtype=torch.float64))
+
+
+def test_situ_glu_is_capped_and_never_larger_than_swiglu():
+    gen = torch.Generator().manual_seed(1)
+    g = 5 * torch.randn(10_000, generator=gen, dtype=torch.float64)
+    u = 50 * torch.randn(10_000, generator=gen, dtype=torch.float64)
+    h = situ_glu(g, u)
+    assert h.abs().max() < 4.0 * 25.0                              # |h| < beta_gate * beta_up
+    assert h.abs().max() > 90                                      # ... and the cap is approached
+    assert (h.abs() <= (F.silu(g) * u).abs()).all()                # |beta tanh(x/beta)| <= |x|, same sign
+    assert (situ_glu(torch.tensor([1e4, -1e4]), torch.tensor([1e4, 1e4])).abs() <= 100).all()  # saturated
+
+
+def test_situ_glu_is_swiglu_for_small_inputs():
+    # beta tanh(x/beta) = x (1 - x^2 / (3 beta^2) + O(x^4)), so
+    # h / (silu(g) u) = 1 - g^2/48 - u^2/1875 + O(x^4)   (3*4^2 = 48, 3*25^2 = 1875)
+    gen = torch.Generator().manual_seed(2)
+    g = 0.05 + 0.05 * torch.rand(200, generator=gen, dtype=torch.float64)
+    u = 0.05 + 0.05 * torch.rand(200, generator=gen, dtype=torch.float64)
+    swiglu = F.silu(g) * u
+    h = situ_glu(g, u)
+    torch.testing.assert_close(h, swiglu, rtol=3e-4, atol=0)
+    gap = 1 - h / swiglu
+    torch.testing.assert_close(gap, g**2 / 48 + u**2 / 1875, rtol=1e-2, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------- Router
+def test_router_scores_are_fp32_for_bf16_inputs():
+    router = Router(16, 12, 3, dtype=torch.bfloat16)
+    x = torch.randn(2, 5, 16).to(torch.bfloat16)
+    r = router(x)
+    assert r.scores.dtype == torch.float32 and r.weights.dtype == torch.float32
+    assert router.bias.dtype == torch.float32
+    expected = torch.sigmoid(x.float() @ router.weight.float().T)
+    torch.testing.assert_close(r.scores, expected, rtol=0, atol=0)
+    assert "bias" in router.state_dict() and "bias" not in dict(router.named_parameters())
+
+
+def test_update_bias_moves_against_the_load():
+    router = Router(4, 4, 1)
+    router.bias.copy_(torch.tensor([0.5, 0.0, -0.5, 0.0]))
+    new = router.update_bias(torch.tensor([10.0, 2.0, 6.0, 6.0]), rate=0.1)   # mean 6
+    torch.testing.assert_close(new, torch.tensor([0.4, 0.1, -0.5, 0.0]))
+    torch.testing.assert_close(router.bias, new)
+    router.update_bias(torch.full((4,), 3.0))                       # balanced: no change, default rate
+    torch.testing.assert_close(router.bias, new)
+    router.update_bias(torch.tensor([0.0, 0.0, 0.0, 4.0]))           # default rate is bias_update_rate=1e-3
+    torch.testing.assert_close(router.bias, new + torch.tensor([1e-3, 1e-3, 1e-3, -1e-3]))
+    with pytest.raises(ValueError, match="load must have shape"):
+        router.update_bias(torch.zeros(5))
+
+
+def test_update_bias_balances_a_skewed_router():
+    gen = torch.Generator().manual_seed(0)
+    E, D, k = 32, 16, 4
+    router = Router(D, E, k)
+    with torch.no_grad():
+        router.weight.copy_(0.3 * torch.randn(E, D, generator=gen))   # logits O(1): sigmoid not saturated
+        router.weight[:4] *= 3.0                                   # four experts grab most tokens
+    mean_dir = torch.randn(D, generator=gen)
+    batches = torch.randn(156, 256, D, generator=gen) + mean_dir
+    with torch.no_grad():   # the router's scores do not depend on the bias: compute them all at once
+        scores = torch.sigmoid(batches @ router.weight.T)                      # [156, 256, E]
+
+    def load(step: int) -> torch.Tensor:   # what router(batches[step]) selects with the current bias
+        ids = route(scores[step], router.bias, k).expert_ids
+        return torch.bincount(ids.reshape(-1), minlength=E).float()
+
+    def cv(counts: torch.Tensor) -> float:
+        return (counts.std(unbiased=False) / counts.mean()).item()
+
+    torch.testing.assert_close(route(scores[0], router.bias, k).expert_ids, router(batches[0]).expert_ids,
+                               rtol=0, atol=0)
+    before = cv(load(0))
+    for step in range(1, 151):
+        router.update_bias(load(step), rate=0.005)
+    after = sum(cv(load(step)) for step in range(151, 156)) / 5
+    assert before > 1.0 and after < 0.25 * before, (before, after)
+
+
+# ---------------------------------------------------------------------------------------------- LatentMoE
+def _moe(preset: str, seed: int = 0, **overrides) -> LatentMoE:
+    """A float64 LatentMoE with O(1) outputs (weights ~ 1/sqrt(fan_in)) and a nonzero selection bias."""
+    torch.manual_seed(seed)
+    config = K3Config.preset(preset, **overrides)
+    moe = LatentMoE(config, dtype=torch.float64)
+    with torch.no_grad():
+        for p in moe.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+        moe.router.weight.mul_(3.0)
+        moe.router.bias.normal_(0.0, 0.1)
+    return moe
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("path", [DECODE, PREFILL])
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (2, 64)])
+def test_sparse_forward_equals_all_experts(preset, path, shape):
+    moe = _moe(preset)
+    moe.gather_max_elements = path
+    x = torch.randn(*shape, moe.config.hidden_size, dtype=torch.float64)
+    y = moe(x)
+    assert y.shape == x.shape and y.dtype == torch.float64
+    assert y.abs().mean() > 0.1                                    # a meaningful scale for atol below
+    torch.testing.assert_close(y, moe.dense_reference(x), rtol=0, atol=1e-10)
+
+
+def test_default_path_choice_covers_both_and_gradients_match_the_oracle():
+    moe = _moe("tiny")
+    for tokens in (1, 300):                                         # decode path, then the sorted path
+        x = torch.randn(1, tokens, moe.config.hidden_size, dtype=torch.float64)
+        sparse = torch.autograd.grad(moe(x).square().sum(), list(moe.parameters()))
+        dense = torch.autograd.grad(moe.dense_reference(x).square().sum(), list(moe.parameters()))
+        for (name, _), a, b in zip(moe.named_parameters(), sparse, dense):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("path", [DECODE, PREFILL])
+def test_only_the_chosen_experts_are_computed(path):
+    moe = _moe("small")
+    moe.gather_max_elements = path
+    x = torch.randn(2, 20, moe.config.hidden_size, dtype=torch.float64)
+    before = moe(x)
+    chosen = torch.zeros(moe.config.num_experts, dtype=torch.bool)
+    chosen[moe.router(x).expert_ids.reshape(-1)] = True
+    assert 0 < chosen.sum() < moe.config.num_experts
+    with torch.no_grad():
+        for w in (moe.w1, moe.w2, moe.w3):
+            w[~chosen] = float("nan")
+    after = moe(x)
+    assert torch.isfinite(after).all()
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_last_load_and_recorder():
+    moe = _moe("tiny")
+    x = torch.randn(2, 7, moe.config.hidden_size, dtype=torch.float64)
+    recorder = TraceRecorder()
+    moe(x, recorder=recorder, layer=3)
+    (layer, data), = recorder.of("moe")
+    E, k = moe.config.num_experts, moe.config.top_k
+    assert layer == 3
+    assert data["scores"].shape == (2, 7, E) and data["bias"].shape == (E,)
+    assert data["expert_ids"].shape == (2, 7, k) and data["weights"].shape == (2, 7, k)
+    load = moe.last_load
+    assert load.shape == (E,) and load.dtype == torch.float32 and load.sum() == 2 * 7 * k
+    torch.testing.assert_close(load, torch.bincount(data["expert_ids"].reshape(-1), minlength=E).float())
+    before = moe.router.bias.clone()
+    moe.router.update_bias(moe.last_load)
+    assert not torch.equal(before, moe.router.bias)
+    with pytest.raises(ValueError, match="hidden_size=32"):
+        moe(torch.randn(1, 2, 16, dtype=torch.float64))
+
+
+def test_bf16_forward_and_no_shared_experts():
+    torch.manual_seed(0)
+    moe = LatentMoE(K3Config.preset("tiny"), dtype=torch.bfloat16)
+    y = moe(torch.randn(2, 3, 32).to(torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+    bare = LatentMoE(K3Config.preset("tiny", num_shared_experts=0))
+    assert bare.shared is None and bare(torch.randn(1, 2, 32)).shape == (1, 2, 32)
+
+
+def test_k3_parameter_counts_on_meta():
+    c = K3Config.preset("k3")
+    moe = LatentMoE(c, device="meta", dtype=torch.bfloat16)
+    assert all(t.is_meta for t in [*moe.parameters(), *moe.buffers()])
+    counts = {name: p.numel() for name, p in moe.named_parameters()}
+    routed = counts["w1"] + counts["w2"] + counts["w3"]
+    assert routed == 896 * 3 * 3584 * 3072 == 29_595_009_024                   # 29.6B per MoE layer (§1d)
+    assert counts["shared.w1.weight"] + counts["shared.w3.weight"] + counts["shared.w2.weight"] \
+        == 3 * 7168 * 2 * 3072 == 132_120_576                                   # 132.1M
+    assert counts["down.weight"] + counts["up.weight"] == 2 * 7168 * 3584 == 51_380_224  # 51.4M
+    assert counts["router.weight"] == 896 * 7168 == 6_422_528                   # 6.42M (bias is a buffer)
+    assert counts["latent_norm.weight"] == 3584
+    assert sum(counts.values()) == routed + 132_120_576 + 51_380_224 + 6_422_528 + 3584
+    assert moe.router.bias.dtype == torch.float32 and moe.w1.dtype == torch.bfloat16
+
+
+def test_gated_mlp_shapes_and_formula():
+    c = K3Config.preset("tiny")
+    mlp = GatedMLP(c.hidden_size, c.dense_intermediate, c)
+    assert mlp.w1.weight.shape == (64, 32) and mlp.w3.weight.shape == (64, 32) and mlp.w2.weight.shape == (32, 64)
+    assert mlp.w1.bias is None
+    x = torch.randn(2, 3, 32)
+    expected = situ_glu(x @ mlp.w1.weight.T, x @ mlp.w3.weight.T) @ mlp.w2.weight.T
+    torch.testing.assert_close(mlp(x), expected)
