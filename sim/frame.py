@@ -7,7 +7,7 @@ execution order: for each layer, the attention sublayer then the MLP sublayer, t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class MemoryRecord:
 
 @dataclass(frozen=True)
 class Frame:
-    index: int                # step number in the timeline (0 = first generated token)
+    index: int                # place in the timeline (= position: prompt frames first, then generated ones)
     position: int             # position of the input token in the sequence
     input_id: int             # the token fed in at this step
     input_text: str
@@ -86,6 +86,7 @@ class Frame:
     twin_step_ms: float       # wall time of the twin's decode step
     forced: bool = False      # the token was forced by the user, not sampled
     extra: dict = field(default_factory=dict, compare=False)
+    embed_norm: float = 0.0   # RMS of the input token's embedding (the first depth source)
 
     def routing_for(self, layer: int) -> RoutingRecord | None:
         return next((r for r in self.routing if r.layer == layer), None)
@@ -103,3 +104,47 @@ class Frame:
         for r in self.depth:
             total += r.weights.nbytes
         return total
+
+    def same_as(self, other: "Frame") -> bool:
+        """Equal in everything the model computed (ids, arrays, bytes), ignoring wall times and `extra`.
+
+        Frames hold numpy arrays, so `==` cannot compare them; tests and exercises use this instead.
+        """
+        if not isinstance(other, Frame):
+            return False
+        return all(_same(getattr(self, f.name), getattr(other, f.name))
+                   for f in fields(self) if f.name not in ("step_ms", "twin_step_ms", "extra"))
+
+
+def _same(a, b) -> bool:
+    """Deep equality for the values a Frame holds (dataclasses, tuples, numpy arrays, scalars)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+                and a.dtype == b.dtype and np.array_equal(a, b))
+    if is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@dataclass(frozen=True)
+class SublayerView:
+    """One stop when stepping into a token (`Simulation.step_into`), in execution order.
+
+    site/kind: ("embed", "embed"), ("attn", "kda" | "mla"), ("mlp", "dense" | "moe") or ("head", "head").
+    depth: the AttnRes read that made this sublayer's input (None for the embedding; site "out" for the head).
+    out_norm: RMS of what the sublayer wrote to the stream (for the head: RMS of its input h).
+    top: for the head only, the most likely next tokens as (id, text, probability).
+    """
+
+    index: int
+    layer: int                # -1 for the embedding, num_layers for the head
+    site: str
+    kind: str
+    label: str                # e.g. "L3 attn · MLA"
+    depth: DepthRecord | None = None
+    routing: RoutingRecord | None = None
+    kda: KDARecord | None = None
+    out_norm: float = 0.0
+    top: tuple[tuple[int, str, float], ...] = ()

@@ -1,0 +1,143 @@
+"""Recording overhead of sim.Simulation and the memory each Frame keeps.
+
+    python bench/bench_sim.py [--presets small,k3-topo] [--device cuda] [--threads 1]
+
+1. step() with full recording vs the bare model decode step (target <= 1.5x). Two ratios:
+   hybrid only: Simulation(twin=False).step() / model(token, cache)                  - the price of recording
+   with twin:   Simulation().step() / (model step + twin step)                        - what the TUI pays
+2. Bytes per Frame: the arrays it holds (a shared selection bias counted once), the Python objects around
+   them (tracemalloc), and the amortised KDA snapshots kept for branching.
+3. The cost of a branch: go back 10 tokens and force another token (within the ring of recent snapshots:
+   no replay; further back: a replay of up to SNAPSHOT_EVERY - 1 tokens).
+The contenders take turns one step at a time, so a busy machine slows them alike; medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from sim import Simulation  # noqa: E402
+from sim.memory import format_bytes  # noqa: E402
+from sim.session import RECENT_SNAPSHOTS, SNAPSHOT_EVERY  # noqa: E402
+from tiny_k3.cache import ModelCache  # noqa: E402
+
+PROMPT = "key=7; 3+4="
+
+
+def unique_array_bytes(frames) -> int:
+    """Bytes of the distinct buffers behind the frames' arrays (views of one buffer count once)."""
+    seen: dict[int, int] = {}
+
+    def add(a: np.ndarray):
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        seen[id(a)] = a.nbytes
+
+    for f in frames:
+        add(f.top_ids), add(f.top_probs)
+        for r in f.routing:
+            add(r.scores), add(r.bias), add(r.expert_ids), add(r.weights)
+        for r in f.kda:
+            add(r.state), add(r.decay), add(r.beta), add(r.state_norm), add(r.correction_norm)
+        for d in f.depth:
+            add(d.weights)
+    return sum(seen.values())
+
+
+class Bare:
+    """The model decode loop with no recorder: the baseline."""
+
+    def __init__(self, model, device):
+        self.model, self.device = model, device
+        self.cache = ModelCache(model.config.num_layers)
+
+    @torch.no_grad()
+    def step(self, token: int = 65):
+        _, self.cache = self.model(torch.tensor([[token]], device=self.device), self.cache)
+
+
+def median_ms(contenders: dict, steps: int, sync) -> dict[str, float]:
+    """Median ms per call; the contenders take turns step by step, so load bursts hit them alike."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(steps):
+        for name, fn in contenders.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(1e3 * (time.perf_counter() - t))
+    return {name: float(np.median(v)) for name, v in times.items()}
+
+
+def bench(preset: str, device: str, steps: int) -> None:
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sim = Simulation(preset, PROMPT, device=device, weights="random")
+    solo = Simulation(preset, PROMPT, device=device, weights="random", twin=False)
+    hybrid, twin = Bare(sim.model, sim.device), Bare(sim.twin_model, sim.device)
+    for tok in [256] + list(PROMPT.encode()):
+        hybrid.step(tok), twin.step(tok)
+    ms = median_ms({"bare hybrid": hybrid.step, "bare twin": twin.step, "step() no twin": solo.step,
+                    "step()": sim.step}, steps, sync)
+    print(f"\n== {preset} on {device}: ms per decode step (median of {steps} interleaved steps)")
+    for name, v in ms.items():
+        print(f"  {name:<16} {v:8.2f} ms")
+    print(f"  recording overhead, hybrid only: step() / bare = {ms['step() no twin'] / ms['bare hybrid']:.2f}x "
+          f"(target <= 1.5x)")
+    print(f"  with the twin: step() / (bare hybrid + bare twin) = "
+          f"{ms['step()'] / (ms['bare hybrid'] + ms['bare twin']):.2f}x")
+
+    # Bytes per frame, on a fresh simulation so the counts are of frames alone.
+    n = min(steps, 32)
+    tracemalloc.start()
+    fresh = Simulation(preset, PROMPT, device=device, weights="random")
+    before = tracemalloc.get_traced_memory()[0]
+    frames0 = len(fresh.frames)
+    fresh.run(n)
+    py_bytes = (tracemalloc.get_traced_memory()[0] - before) / n
+    tracemalloc.stop()
+    new = fresh.frames[frames0:]
+    nominal = np.mean([f.nbytes() for f in new])
+    arrays = unique_array_bytes(new) / len(new)
+    snap = fresh.frame.memory.state_bytes                  # one snapshot = every KDA state of the sequence
+    per_token = arrays + py_bytes + snap / SNAPSHOT_EVERY
+    print(f"  bytes per Frame: arrays {format_bytes(arrays)} (nbytes() {format_bytes(nominal)} counts the shared "
+          f"bias per frame), Python objects ~{format_bytes(py_bytes)} (tracemalloc)")
+    print(f"  KDA snapshots for branching: {format_bytes(snap)} each; a fixed ring of the last {RECENT_SNAPSHOTS} "
+          f"({format_bytes(RECENT_SNAPSHOTS * snap)}) + one per {SNAPSHOT_EVERY} tokens "
+          f"({format_bytes(snap / SNAPSHOT_EVERY)} per token)")
+    print(f"  -> ~{format_bytes(per_token)} per token; 1000 tokens ~ {format_bytes(1000 * per_token + RECENT_SNAPSHOTS * snap)}")
+
+    # A branch: back 10 tokens, force another token (restore from a snapshot and replay, then one step).
+    fresh.goto(len(fresh.frames) - 11)
+    sync()
+    t = time.perf_counter()
+    fresh.step(force_token=33 if fresh.frame.token_id != 33 else 34)
+    sync()
+    print(f"  branch 10 tokens back: {1e3 * (time.perf_counter() - t):.1f} ms "
+          f"(vs {ms['step()']:.1f} ms for a plain step)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="small,k3-topo")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=48, help="decode steps per contender (k3-topo: a quarter)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads (default 1: these sizes are bound by per-op overhead, not FLOPs)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for preset in args.presets.split(","):
+        bench(preset, args.device, max(4, args.steps // 4) if preset == "k3-topo" else args.steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""`python -m sim`: step a prompt through tiny_k3 without the TUI, for scripts and workshops.
+
+    python -m sim --preset small --prompt "key=7; 3+4=" --steps 16 --layer 3
+    python -m sim costs          # K3's serving figures and the corrections, with their sources
+
+Prints one row per token (the token fed in and the one chosen next, the experts chosen in --layer, the
+KDA state norm of --kda-layer, the decode-cache bytes of the hybrid and of its all-MLA twin), then the
+memory comparison at the last token with the projection to the real K3 at the same length and at 1M.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from tiny_k3.config import DEFAULT_PRESET, K3Config
+
+from .memory import cache_bytes, format_bytes
+from .render import memory_bars
+from .session import WEIGHTS, Simulation
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0],
+                                epilog="`python -m sim costs` prints K3's serving figures instead.")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(K3Config.presets())}")
+    p.add_argument("--prompt", default="key=7; 3+4=")
+    p.add_argument("--steps", type=int, default=16, help="tokens to generate after the prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: $TINY_K3_DEVICE, else cpu)")
+    p.add_argument("--weights", default="auto", choices=WEIGHTS)
+    p.add_argument("--layer", type=int, default=None, help="MoE layer whose chosen experts are shown (default: the first)")
+    p.add_argument("--kda-layer", type=int, default=None, help="KDA layer whose state norm is shown (default: the first)")
+    return p
+
+
+def _check_layers(config: K3Config, layer: int | None, kda_layer: int | None) -> tuple[int, int]:
+    moe, kda = config.moe_layers, config.kda_layers
+    layer = moe[0] if layer is None else layer
+    kda_layer = kda[0] if kda_layer is None else kda_layer
+    if layer not in moe:
+        raise ValueError(f"--layer {layer} has no MoE; preset {config.name!r} has MoE layers {moe[0]} to {moe[-1]}.")
+    if kda_layer not in kda:
+        raise ValueError(f"--kda-layer {kda_layer} is not a KDA layer; preset {config.name!r} has KDA layers "
+                         f"{', '.join(map(str, kda)) if len(kda) <= 8 else f'{kda[0]} to {kda[-1]} (not every 4th)'}.")
+    return layer, kda_layer
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    if args.steps < 0:
+        raise ValueError(f"--steps must be 0 or more, got {args.steps}.")
+    config = K3Config.preset(args.preset)
+    layer, kda_layer = _check_layers(config, args.layer, args.kda_layer)
+    sim = Simulation(config, args.prompt, seed=args.seed, device=args.device, temperature=args.temperature,
+                     weights=args.weights)
+    sim.run(args.steps)
+
+    console.print(f"[bold]{config.name}[/]: {config.num_layers} layers ({len(config.kda_layers)} KDA + "
+                  f"{len(config.mla_layers)} MLA), {config.top_k} of {config.num_experts} experts · weights "
+                  f"{sim.weights} (twin {sim.twin_weights}) · device {sim.device} · seed {sim.seed} · "
+                  f"temperature {sim.temperature:g}")
+    t = Table(title="one row per token (dim: prompt)", title_justify="left")
+    for name, justify in (("pos", "right"), ("in", "left"), ("→ next", "left"), (f"experts L{layer}", "left"),
+                          (f"‖S‖ L{kda_layer}", "right"), ("hybrid", "right"), ("twin", "right"), ("ms", "right")):
+        t.add_column(name, justify=justify, overflow="fold")
+    for f in sim.frames:
+        ids = " ".join(str(int(e)) for e in sorted(f.routing_for(layer).expert_ids))
+        norm = float(sum(n * n for n in f.kda_for(kda_layer).state_norm) ** 0.5)
+        t.add_row(str(f.position), f.input_text, f.token_text, ids, f"{norm:.3f}",
+                  format_bytes(f.memory.total_bytes), format_bytes(f.memory.twin_kv_bytes), f"{f.step_ms:.1f}",
+                  style="dim" if f.extra.get("prompt") else None)
+    console.print(t)
+    console.print(f"text: {sim.text!r}")
+
+    f = sim.frame
+    n = f.position + 1
+    kv, state = cache_bytes(config, n)
+    agree = (kv, state) == (f.memory.kv_bytes, f.memory.state_bytes)
+    console.rule(f"[bold]decode cache after {n} tokens[/]")
+    console.print(f"hybrid: {format_bytes(f.memory.kv_bytes)} MLA cache (grows) + {format_bytes(f.memory.state_bytes)} "
+                  f"KDA state (fixed) · all-MLA twin: {format_bytes(f.memory.twin_kv_bytes)} · measured "
+                  f"{'equals' if agree else 'DIFFERS from'} sim.memory.cache_bytes")
+    console.print(memory_bars(f, config))
+
+
+def main(argv: list[str] | None = None, console: Console | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    console = console or Console()
+    if argv[:1] == ["costs"]:
+        from .costs import main_costs
+
+        main_costs(console)
+        return 0
+    args = _parser().parse_args(argv)
+    try:
+        if args.preset == "k3":
+            raise ValueError("preset 'k3' is the real 2.8T-parameter model and is only counted, never run; "
+                             "`python -m sim costs` prints its serving figures.")
+        run(args, console)
+    except ValueError as exc:            # ConfigError and CheckpointError are ValueErrors: one sentence each
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Rich renderables from Frames: the pictures the TUI and the notebooks share.
+
+Every function is a pure function of Frame records or arrays and returns something `rich` can print: in a
+terminal (`Console().print(x)`), in Textual (`Static(x)`) and in Jupyter (all of them carry rich's
+JupyterMixin). Dense pictures draw two cells per text line with the upper half block "▀" (foreground =
+upper cell, background = lower cell), so K3's 896 experts fit as 56 x 16 cells in 8 lines. Without colour
+(a plain or piped terminal) they fall back to glyphs that still carry the point: █▀▄ mark the chosen
+experts, ░▒▓█ the magnitude of a state or a depth weight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+from rich.color import Color
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.jupyter import JupyterMixin
+from rich.measure import Measurement
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from tiny_k3.config import K3Config
+
+from .frame import Frame, KDARecord, RoutingRecord
+from .memory import MIB_CONTEXT, format_bytes, project_to_k3
+
+SPARK = "▁▂▃▄▅▆▇█"
+SHADES = " ░▒▓█"
+EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+DARK = (28, 30, 40)            # an empty or zero cell
+SCORE_HIGH = (70, 130, 220)    # an unchosen expert with the highest score
+CHOSEN = (255, 196, 40)        # a chosen expert
+BIAS_CHOSEN = (235, 80, 200)   # chosen thanks to the selection bias (not in the top-k of the raw scores)
+POSITIVE = (235, 70, 50)
+NEGATIVE = (60, 130, 240)
+WEIGHT_HIGH = (80, 220, 120)
+
+RGB = tuple[int, int, int]
+
+
+# ---------------------------------------------------------------------------- building blocks
+
+
+class ByColour(JupyterMixin):
+    """Draw `colour()` on a console with colours and `mono()` on one without (a pipe, NO_COLOR, a test)."""
+
+    def __init__(self, colour: Callable[[], RenderableType], mono: Callable[[], RenderableType]):
+        self.colour, self.mono = colour, mono
+
+    def _pick(self, console: Console) -> RenderableType:
+        return self.colour() if console.color_system else self.mono()
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._pick(console)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self._pick(console))
+
+
+def _lerp(a: RGB, b: RGB, t: float) -> RGB:
+    t = min(max(float(t), 0.0), 1.0)
+    return tuple(round(x + (y - x) * t) for x, y in zip(a, b))
+
+
+def _style(fg: RGB | None, bg: RGB | None = None) -> Style:
+    return Style(color=None if fg is None else Color.from_rgb(*fg), bgcolor=None if bg is None else Color.from_rgb(*bg))
+
+
+def half_blocks(cells: list[list[RGB | None]]) -> Text:
+    """Rows of RGB cells (None = empty) -> Text with two cell rows per line ("▀": fg upper, bg lower)."""
+    out = Text(no_wrap=True, overflow="crop")
+    for r in range(0, len(cells), 2):
+        upper, lower = cells[r], cells[r + 1] if r + 1 < len(cells) else [None] * len(cells[r])
+        if r:
+            out.append("\n")
+        for u, lo in zip(upper, lower):
+            if u is None and lo is None:
+                out.append(" ")
+            elif u is None:
+                out.append("▄", _style(lo))
+            else:
+                out.append("▀", _style(u, lo))
+    return out
+
+
+def _shade(t: float) -> str:
+    """A magnitude in [0, 1] as one of ' ░▒▓█' (0 stays blank only when it is exactly 0)."""
+    if not t > 0:
+        return SHADES[0]
+    return SHADES[min(len(SHADES) - 1, 1 + int(t * (len(SHADES) - 1)))]
+
+
+def sparkline(values, lo: float | None = None, hi: float | None = None) -> str:
+    """One character per value, ▁ (lowest) to █ (highest), scaled to [lo, hi] (default: the values' range)."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.size == 0:
+        return ""
+    finite = v[np.isfinite(v)]
+    lo = float(finite.min()) if lo is None and finite.size else (0.0 if lo is None else lo)
+    hi = float(finite.max()) if hi is None and finite.size else (1.0 if hi is None else hi)
+    span = hi - lo
+    out = []
+    for x in v:
+        if not np.isfinite(x):
+            out.append(" ")
+        elif span <= 0:
+            out.append(SPARK[len(SPARK) // 2 - 1])
+        else:
+            out.append(SPARK[min(len(SPARK) - 1, max(0, round((x - lo) / span * (len(SPARK) - 1))))])
+    return "".join(out)
+
+
+def bar(fraction: float, width: int = 20) -> str:
+    """A horizontal bar of `width` characters filled to `fraction` in eighths of a character."""
+    f = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else 0.0
+    eighths = round(f * width * 8)
+    full, part = divmod(eighths, 8)
+    return ("█" * full + (EIGHTHS[part] if part else "")).ljust(width)
+
+
+# ---------------------------------------------------------------------------- routing
+
+
+def grid_shape(num_experts: int, columns: int | None = None) -> tuple[int, int]:
+    """(rows, columns) of the expert grid: 56 columns by default (K3's 896 experts -> 16 rows, 8 lines)."""
+    columns = min(num_experts, 56) if columns is None else columns
+    if columns < 1:
+        raise ValueError(f"columns must be a positive integer, got {columns}.")
+    return -(-num_experts // columns), columns
+
+
+def expert_grid(routing: RoutingRecord, num_experts: int | None = None, columns: int | None = None,
+                legend: bool = False) -> ByColour:
+    """All E experts of one MoE sublayer: the k chosen lit, the others shaded by their score.
+
+    896 experts = 56 x 16 cells in 8 text lines. Colours: amber = chosen, magenta = chosen only thanks to
+    the selection bias, blue shade = unchosen by score. Without colour: █ ▀ ▄ mark chosen cells (upper,
+    lower, both), · a pair of unchosen ones. legend=True adds one line under the grid.
+    """
+    scores = np.asarray(routing.scores, dtype=np.float32)
+    E = scores.shape[0] if num_experts is None else num_experts
+    if E != scores.shape[0]:
+        raise ValueError(f"num_experts is {E} but the routing record has {scores.shape[0]} scores.")
+    rows, cols = grid_shape(E, columns)
+    k = len(routing.expert_ids)
+    chosen = np.zeros(E, bool)
+    chosen[routing.expert_ids] = True
+    raw_top = np.zeros(E, bool)
+    raw_top[np.argsort(-scores, kind="stable")[:k]] = True
+    lo, hi = float(scores.min()), float(scores.max())
+    shade = (scores - lo) / (hi - lo) if hi > lo else np.full(E, 0.5, np.float32)
+
+    def cell(i: int) -> int | None:
+        return i if i < E else None
+
+    def colour() -> Text:
+        cells = []
+        for r in range(rows):
+            row = []
+            for c in range(cols):
+                i = cell(r * cols + c)
+                if i is None:
+                    row.append(None)
+                elif chosen[i]:
+                    row.append(CHOSEN if raw_top[i] else BIAS_CHOSEN)
+                else:
+                    row.append(_lerp(DARK, SCORE_HIGH, shade[i]))
+            cells.append(row)
+        return _with_legend(half_blocks(cells), "")
+
+    def mono() -> Text:
+        lines = []
+        for r in range(0, rows, 2):
+            line = []
+            for c in range(cols):
+                up, low = cell(r * cols + c), cell((r + 1) * cols + c) if r + 1 < rows else None
+                a, b = up is not None and chosen[up], low is not None and chosen[low]
+                line.append("█" if a and b else "▀" if a else "▄" if b else "·" if up is not None else " ")
+            lines.append("".join(line))
+        return _with_legend(Text("\n".join(lines), no_wrap=True, overflow="crop"), " (█▀▄)")
+
+    def _with_legend(grid: Text, marks: str) -> RenderableType:
+        if not legend:
+            return grid
+        return Group(grid, Text(f"L{routing.layer}: {k} of {E} experts chosen{marks or ' (lit)'} · scores "
+                                f"{lo:.3f}..{hi:.3f} (shade) · {int((chosen & ~raw_top).sum())} chosen by the bias",
+                                style="dim"))
+
+    return ByColour(colour, mono)
+
+
+def topk_table(routing: RoutingRecord) -> Table:
+    """The k chosen experts in selection order: id, score, bias, score + bias (what top-k ranks), weight."""
+    t = Table(title=f"L{routing.layer} top-{len(routing.expert_ids)}", title_justify="left", pad_edge=False)
+    for name in ("#", "expert", "score", "bias", "score+bias", "weight"):
+        t.add_column(name, justify="right")
+    for rank, (e, w) in enumerate(zip(routing.expert_ids, routing.weights)):
+        s, b = float(routing.scores[e]), float(routing.bias[e])
+        t.add_row(str(rank), str(int(e)), f"{s:.4f}", f"{b:+.4f}", f"{s + b:.4f}", f"{float(w):.4f}")
+    return t
+
+
+def expert_load_bars(load: np.ndarray, top: int = 16, width: int = 24) -> Group:
+    """Tokens per expert over a run: a summary line and bars for the `top` busiest experts."""
+    load = np.asarray(load).reshape(-1)
+    total, used = int(load.sum()), int((load > 0).sum())
+    mean = total / len(load) if len(load) else 0.0
+    peak = int(load.max()) if len(load) else 0
+    head = Text(f"{used} of {len(load)} experts used · {total} routings · max/mean "
+                f"{peak / mean if mean else 0:.1f}x", style="bold")
+    t = Table.grid(padding=(0, 1))
+    t.add_column(justify="right")
+    t.add_column()
+    t.add_column(justify="right")
+    order = np.argsort(-load, kind="stable")[:top]
+    for e in order:
+        if load[e] == 0:
+            break
+        t.add_row(f"#{int(e)}", Text(bar(load[e] / peak, width), style="rgb(255,196,40)"), str(int(load[e])))
+    return Group(head, t)
+
+
+# ---------------------------------------------------------------------------- KDA
+
+
+def state_heatmap(state: np.ndarray, title: str | None = None) -> Group:
+    """A K x V state S as half-block cells: red positive, blue negative, dark zero; a legend line below.
+
+    Colours are scaled to max |S|; without colour ░▒▓█ show |S| (of the larger cell of each pair).
+    """
+    S = np.asarray(state, dtype=np.float32)
+    if S.ndim != 2:
+        raise ValueError(f"state must be one head's [K, V] matrix, got shape {S.shape}.")
+    K, V = S.shape
+    m = float(np.abs(S).max()) if S.size else 0.0
+    scale = m if m > 0 else 1.0
+
+    def colour() -> Text:
+        return half_blocks([[_lerp(DARK, POSITIVE, x / scale) if x >= 0 else _lerp(DARK, NEGATIVE, -x / scale)
+                             for x in row] for row in S])
+
+    def mono() -> Text:
+        mag = np.abs(S) / scale
+        if K % 2:
+            mag = np.vstack([mag, np.zeros((1, V), np.float32)])
+        pairs = np.maximum(mag[0::2], mag[1::2])
+        return Text("\n".join("".join(_shade(x) for x in row) for row in pairs), no_wrap=True, overflow="crop")
+
+    legend = Text(f"{title + ' · ' if title else ''}K={K} x V={V} · min {S.min():+.3f} · max {S.max():+.3f}"
+                  f" · ‖S‖ {np.linalg.norm(S):.3f}", style="dim")
+    return Group(ByColour(colour, mono), legend)
+
+
+def decay_beta_bars(kda: KDARecord, head: int, width: int = 20) -> Table:
+    """One KDA head: the decay alpha per key channel (0..1), the write strength beta, ||S|| and the write."""
+    H = kda.decay.shape[0]
+    if not 0 <= head < H:
+        raise ValueError(f"head {head} is out of range; this layer has heads 0 to {H - 1}.")
+    decay, beta = kda.decay[head], float(kda.beta[head])
+    t = Table.grid(padding=(0, 1))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_column(style="dim")
+    t.add_row("decay α", Text(sparkline(decay, 0.0, 1.0), style="rgb(80,220,120)"),
+              f"per key channel, 0..1 · min {decay.min():.3f} mean {decay.mean():.3f} max {decay.max():.3f}")
+    t.add_row("beta β", Text(bar(beta, width), style="rgb(255,196,40)"), f"{beta:.3f}")
+    t.add_row("‖S‖", f"{float(kda.state_norm[head]):.4f}",
+              f"write ‖S - Diag(α) S_prev‖ {float(kda.correction_norm[head]):.4f}")
+    return t
+
+
+# ---------------------------------------------------------------------------- memory and depth
+
+
+def memory_bars(frame: Frame, config: K3Config, width: int = 30) -> Table:
+    """Decode-cache bytes: the hybrid vs its all-MLA twin, measured here, then K3 at this many tokens and at 1M.
+
+    Each group is scaled to its own larger bar; the dim number is twin / hybrid.
+    """
+    n = frame.position + 1
+    now, far = project_to_k3(n), project_to_k3(MIB_CONTEXT)
+    groups = [(f"{config.name}, measured, {n:,} tokens", frame.memory.total_bytes, frame.memory.twin_kv_bytes),
+              (f"K3 at {n:,} tokens", now.hybrid, now.twin),
+              ("K3 at 1M tokens", far.hybrid, far.twin)]
+    t = Table(box=None, pad_edge=False, show_header=False, padding=(0, 1))
+    t.add_column()
+    t.add_column()
+    t.add_column(justify="right")
+    t.add_column(justify="right", style="dim")
+    for title, hybrid, twin in groups:
+        top = max(hybrid, twin, 1)
+        t.add_row(Text(title, style="bold"), "", "", "")
+        t.add_row("  hybrid (KDA + MLA)", Text(bar(hybrid / top, width), style="rgb(80,220,120)"),
+                  format_bytes(hybrid), "")
+        t.add_row("  all-MLA twin", Text(bar(twin / top, width), style="rgb(70,130,220)"),
+                  format_bytes(twin), _ratio(twin / hybrid) if hybrid else "")
+    return t
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.2g}x"
+
+
+def depth_heatmap(frame: Frame, cell: int = 2) -> RenderableType:
+    """AttnRes depth weights of one token: a row per consumer sublayer (and the head), a column per source.
+
+    Source 0 is the embedding, then the completed block sums, last the current block's partial sum.
+    """
+    rows = [d for d in frame.depth if d.weights.size]
+    if not rows:
+        return Text("standard residual: every sublayer reads the plain running sum (no depth weights).")
+    n = max(d.weights.size for d in rows)
+    labels = ["out" if d.site == "out" else f"L{d.layer} {d.site}" for d in rows]
+    pad = max(len(s) for s in labels)
+
+    def render(mono: bool) -> Text:
+        out = Text(no_wrap=True, overflow="crop")
+        out.append(" " * (pad + 1) + "".join(str(j % 10).ljust(cell) for j in range(n)), style="dim")
+        for label, d in zip(labels, rows):
+            out.append("\n" + label.rjust(pad) + " ")
+            for w in d.weights:
+                if mono:
+                    out.append(_shade(float(w)) * cell)
+                else:
+                    out.append("█" * cell, _style(_lerp(DARK, WEIGHT_HIGH, float(w))))
+        out.append(f"\nsources: 0 = embedding, then block sums, last = partial block · max weight "
+                   f"{max(float(d.weights.max()) for d in rows):.2f}", style="dim")
+        return out
+
+    return ByColour(lambda: render(False), lambda: render(True))

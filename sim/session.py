@@ -1,0 +1,561 @@
+"""Simulation: a prompt stepped through tiny_k3 one token at a time, recorded as a timeline of Frames.
+
+    sim = Simulation("small", "key=7; 3+4=", seed=0)
+    sim.step()            # decode one token -> Frame
+    sim.back(); sim.step(force_token="9")   # branch: a different choice from the saved decode state
+
+Timeline rule: frame i processes the input token at position i; `frame.token_id` is the token that follows
+it (the next prompt token, or the one chosen from frame i's logits). The prompt is fed one token at a time
+through the real cached decode path, so every token, prompt or generated, has its Frame.
+
+Beside the hybrid runs its softmax twin (`config.twin()`: every attention layer gated MLA), teacher-forced
+on the same tokens, so every Frame carries both models' measured cache bytes and step times.
+
+Branching. A KDA layer's decode state is a fixed-size copy; an MLA cache is a prefix that can be cut
+(`MLACache.truncate`). So a branch restores the KDA states saved every SNAPSHOT_EVERY tokens (and for the
+last RECENT_SNAPSHOTS tokens), truncates the MLA caches to the same position and replays the recorded
+tokens up to the cursor. The all-MLA twin needs no snapshot at all: a truncation is its whole restore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import time
+
+import numpy as np
+import torch
+
+from tiny_k3.cache import KDAState, MLACache, ModelCache
+from tiny_k3.config import K3Config
+from tiny_k3.model import TinyK3, resolve_device
+from tiny_k3.probe import Recorder
+from tiny_k3.tokenizer import decode, encode, token_text
+from tiny_k3.weights import CheckpointError, available_pretrained
+
+from .frame import (DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord,
+                    SublayerView)
+
+SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
+RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost): going back a little replays nothing
+WEIGHTS = ("auto", "trained", "random")
+_EMPTY = np.zeros(0, np.float32)
+_EMPTY.flags.writeable = False
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+def generator_seed(seed: int, position: int) -> int:
+    """A 63-bit seed from (seed, position), the same on every machine and run (unlike Python's hash())."""
+    state = np.random.SeedSequence([seed % (1 << 64), position]).generate_state(1, dtype=np.uint64)[0]
+    return int(state) & ((1 << 63) - 1)
+
+
+def sample_token(logits: np.ndarray, temperature: float, seed: int, position: int) -> int:
+    """logits [vocab] -> one token id: argmax at temperature 0, else a draw from softmax(logits / T).
+
+    The draw is an inverse-CDF lookup of one uniform from torch.Generator(seed from (seed, position)),
+    computed in float64 numpy, so it is reproducible and independent of the model's device.
+    """
+    if temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    cdf = np.cumsum(p)
+    u = torch.rand((), generator=torch.Generator().manual_seed(generator_seed(seed, position)),
+                   dtype=torch.float64).item()
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+
+
+def top_tokens(logits: np.ndarray, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """The n most likely next tokens under softmax(logits) (temperature 1): (ids int64, probs float32)."""
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    ids = np.argsort(-p, kind="stable")[:n]
+    top_ids, top_probs = ids.astype(np.int64), p[ids].astype(np.float32)
+    top_ids.flags.writeable = top_probs.flags.writeable = False
+    return top_ids, top_probs
+
+
+# ---------------------------------------------------------------------------- recording
+
+
+class FrameRecorder(Recorder):
+    """Keeps what a Frame needs from one decode step (B = 1, T = 1) and converts it to numpy in one copy.
+
+    Tensors are only referenced while the step runs (the model makes new ones each step, never updating
+    in place); `finish()` packs them into one float32 and one float16 buffer (the KDA state display copies),
+    moves each to the CPU once and hands out read-only views, so a GPU step costs two transfers.
+    """
+
+    def __init__(self, bias_cache: dict):
+        self._bias_cache = bias_cache      # layer -> (data_ptr, version, numpy bias): the bias rarely changes
+        self._f32: list[torch.Tensor] = []
+        self._f16: list[torch.Tensor] = []
+        self._rms: list[torch.Tensor] = []  # [D] vectors whose RMS is wanted, reduced together in finish()
+        self.events: list[tuple] = []
+
+    def _slot(self, t: torch.Tensor, half: bool = False) -> tuple[bool, int]:
+        buf = self._f16 if half else self._f32
+        buf.append(t)
+        return half, len(buf) - 1
+
+    def _rms_of(self, x: torch.Tensor) -> int:
+        self._rms.append(x.reshape(-1))
+        return len(self._rms) - 1
+
+    def _bias(self, layer: int, bias: torch.Tensor | None, num_experts: int) -> np.ndarray:
+        if bias is None:
+            bias = torch.zeros(num_experts)
+        key = (bias.data_ptr(), bias._version)
+        hit = self._bias_cache.get(layer)
+        if hit is None or hit[0] != key:
+            arr = bias.detach().float().cpu().numpy().copy()
+            arr.flags.writeable = False
+            hit = self._bias_cache[layer] = (key, arr)
+        return hit[1]
+
+    def record(self, event: str, layer: int, **d) -> None:
+        if event == "embed":
+            self.events.append(("embed", layer, self._rms_of(d["x"])))
+        elif event == "depth":
+            w = d["weights"]
+            self.events.append(("depth", layer, d["site"], None if w is None else self._slot(w[0, 0].float()),
+                                self._rms_of(d["h"])))
+        elif event == "kda":
+            state, prev = d["state"][0].float(), d["prev_state"]             # [H, K, V]
+            decay = d["g"][0, 0].float().exp()                                # alpha_t = exp(g_t) [H, K]
+            # The delta-rule write: what this token changed beyond decaying, S_t - Diag(alpha_t) S_{t-1} (kda.md §1).
+            write = state if prev is None else state - decay[..., None] * prev[0].float()
+            self.events.append(("kda", layer, self._slot(state, half=True), self._slot(decay),
+                                self._slot(d["beta"][0, 0].float()),
+                                self._slot(torch.linalg.vector_norm(state, dim=(-2, -1))),
+                                self._slot(torch.linalg.vector_norm(write, dim=(-2, -1)))))
+        elif event == "moe":
+            scores = d["scores"][0, 0].float()
+            self.events.append(("moe", layer, self._slot(scores), self._bias(layer, d["bias"], scores.shape[-1]),
+                                self._slot(d["expert_ids"][0, 0].float()), self._slot(d["weights"][0, 0].float())))
+        elif event == "sublayer":
+            self.events.append(("sublayer", layer, d["site"], d["kind"], self._rms_of(d["out"])))
+        elif event == "logits":
+            self.events.append(("logits", layer, self._slot(d["logits"][0, -1].float())))
+
+    @staticmethod
+    def _to_numpy(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[np.ndarray]:
+        if not tensors:
+            return []
+        flat = torch.cat([t.reshape(-1).to(dtype) for t in tensors]).cpu().numpy()
+        flat.flags.writeable = False
+        out, offset = [], 0
+        for t in tensors:
+            n = t.numel()
+            out.append(flat[offset:offset + n].reshape(tuple(t.shape)))
+            offset += n
+        return out
+
+    def finish(self) -> dict:
+        """The recorded step as numpy records: embed_norm, depth, kda, routing, sublayers and logits."""
+        if self._rms:   # one reduction for every RMS of the step, packed with the rest
+            self._f32.append(torch.stack(self._rms).float().pow(2).mean(-1).sqrt())
+        f32, f16 = self._to_numpy(self._f32, torch.float32), self._to_numpy(self._f16, torch.float16)
+        rms = f32[-1].tolist() if self._rms else []
+
+        def get(slot):
+            half, i = slot
+            return f16[i] if half else f32[i]
+
+        out = {"depth": [], "kda": [], "routing": [], "sublayers": [], "embed_norm": 0.0, "logits": None}
+        for ev in self.events:
+            kind, layer = ev[0], ev[1]
+            if kind == "embed":
+                out["embed_norm"] = rms[ev[2]]
+            elif kind == "depth":
+                out["depth"].append(DepthRecord(layer, ev[2], _EMPTY if ev[3] is None else get(ev[3]), rms[ev[4]]))
+            elif kind == "kda":
+                out["kda"].append(KDARecord(layer, *(get(s) for s in ev[2:])))
+            elif kind == "moe":
+                ids = get(ev[4]).astype(np.int64)
+                ids.flags.writeable = False
+                out["routing"].append(RoutingRecord(layer, get(ev[2]), ev[3], ids, get(ev[5])))
+            elif kind == "sublayer":
+                out["sublayers"].append(SublayerRecord(layer, ev[2], ev[3], rms[ev[4]]))
+            elif kind == "logits":
+                out["logits"] = get(ev[2])
+        return out
+
+
+# ---------------------------------------------------------------------------- set-up
+
+
+def _resolve_config(preset) -> K3Config:
+    config = preset if isinstance(preset, K3Config) else K3Config.preset(preset)
+    if config.name == "k3":
+        runnable = ", ".join(p for p in K3Config.presets() if p != "k3")
+        raise ValueError(f"preset 'k3' is the real 2.8T-parameter model and is only counted, never run; "
+                         f"pick a runnable preset: {runnable}.")
+    return config
+
+
+def _random_model(config: K3Config, seed: int, device: torch.device) -> TinyK3:
+    """Random init from `seed`, on the CPU first so the weights are the same on every device."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = TinyK3(config)
+    return model.to(device)
+
+
+def _build_models(config: K3Config, weights: str, seed: int, device: torch.device, twin: bool):
+    """(model, source, twin_model or None, twin_source); source is "trained" or "random"."""
+    shipped = config.name in available_pretrained() and config == K3Config.preset(config.name)
+    if weights == "trained" and not shipped:
+        have = ", ".join(available_pretrained()) or "none"
+        raise CheckpointError(f"no trained weights ship for {config.name!r} (presets with weights: {have}); "
+                              f"use weights='auto' or 'random'.")
+    if shipped and weights != "random":
+        model, source = TinyK3.from_pretrained(config.name, device=device), "trained"
+    else:
+        model, source = _random_model(config, seed, device), "random"
+    twin_model, twin_source = None, "none"
+    if twin:  # trained twin weights ship as "<preset>-twin"; without them the twin starts from `seed`
+        if source == "trained" and f"{config.name}-twin" in available_pretrained():
+            twin_model, twin_source = TinyK3.from_pretrained(f"{config.name}-twin", device=device), "trained"
+        else:
+            twin_model, twin_source = _random_model(config.twin(), seed, device), "random"
+        twin_model.eval()
+    return model.eval(), source, twin_model, twin_source
+
+
+def _count(value, what: str) -> int:
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}.") from None
+    if n < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {n}.")
+    return n
+
+
+def _temperature(value) -> float:
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"temperature must be a number, 0 (greedy) or more, got {value!r}.") from None
+    if not t >= 0 or t == float("inf"):
+        raise ValueError(f"temperature must be 0 (greedy) or a positive finite number, got {value!r}.")
+    return t
+
+
+def _same_choice(a: tuple, b: tuple) -> bool:
+    """Two ways of choosing a token agree; at temperature 0 (argmax) the seed plays no part."""
+    if a[0] == b[0] == "sampled" and a[1] == b[1] == 0:
+        return True
+    return a == b
+
+
+# ---------------------------------------------------------------------------- the simulation
+
+
+class Simulation:
+    """A prompt, a timeline of Frames and a cursor over it; see the module docstring and notes/SIM_API.md.
+
+    Choices. A frame's `token_id` is chosen when the frame is made: the next prompt token (forced), or a
+    sample from its logits with (temperature, seed) = (sim.temperature, sim.sample_seed) at the frame's
+    position (recorded in frame.extra["temperature"], ["seed"]; frame.extra["prompt"] marks prompt frames).
+    `step(force_token, temperature, seed)` may change that choice for the current frame: a changed choice
+    branches (the frames after the cursor are dropped, the decode state after the cursor is restored, and
+    generation goes on from there). A branch equals a fresh Simulation that made the same calls. Setting
+    sim.temperature directly affects only frames made later.
+
+    Memory (bench/bench_sim.py): about 15 KB per token for "tiny", 78 KB for "small" and 0.93 MB for
+    "k3-topo" (a frame's arrays, its Python objects and the snapshot every 16 tokens), plus a fixed ring
+    of 16 recent snapshots (52 KB, 1.0 MB, 11.6 MB).
+    """
+
+    def __init__(self, preset: str | K3Config = "small", prompt: str = "key=7; 3+4=", *, seed: int = 0,
+                 device: str | None = "cpu", temperature: float = 0.0, weights: str = "auto", twin: bool = True):
+        self.config = _resolve_config(preset)
+        self.twin_config = self.config.twin()
+        self.seed = _count(seed, "seed")
+        self.sample_seed = self.seed
+        self.temperature = _temperature(temperature)
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("the prompt is empty; give at least one character to start from.")
+        ids = encode(prompt)
+        limit = self.config.max_seq_len
+        if len(ids) >= limit:
+            raise ValueError(f"the prompt is {len(ids)} tokens (BOS + {len(ids) - 1} bytes) but preset "
+                             f"{self.config.name!r} allows {limit} tokens in all, so use at most {limit - 2} "
+                             f"bytes of prompt to leave room to generate.")
+        self.device = resolve_device(device)
+        self.prompt = prompt
+        self.model, self.weights, self.twin_model, self.twin_weights = _build_models(
+            self.config, weights, self.seed, self.device, twin)
+
+        self._frames: list[Frame] = []
+        self._logits: list[np.ndarray] = []          # [vocab] float32 per frame: a changed choice resamples these
+        self._cache = ModelCache(self.config.num_layers)
+        self._twin_cache = ModelCache(self.config.num_layers)
+        self._snapshots: dict[int, dict[int, KDAState]] = {}   # tokens seen -> {KDA layer: state after them}
+        self._bias_cache: dict = {}
+        for i, tok in enumerate(ids):
+            choice = ("forced", ids[i + 1]) if i + 1 < len(ids) else ("sampled", self.temperature, self.sample_seed)
+            self._advance(tok, choice, prompt=True)
+        self.prompt_len = len(ids)
+        self.cursor = len(ids) - 1
+
+    # ------------------------------------------------------------------ the timeline
+    @property
+    def frames(self) -> list[Frame]:
+        """The whole timeline, prompt frames first (the live list: read it, do not modify it)."""
+        return self._frames
+
+    @property
+    def frame(self) -> Frame:
+        return self._frames[self.cursor]
+
+    @property
+    def text(self) -> str:
+        """The timeline's text up to the cursor: its input tokens and the token chosen after the cursor."""
+        ids = [f.input_id for f in self._frames[:self.cursor + 1]] + [self.frame.token_id]
+        return decode(ids)
+
+    def back(self) -> Frame:
+        if self.cursor == 0:
+            raise ValueError("already at the first token; there is nothing before it to go back to.")
+        self.cursor -= 1
+        return self.frame
+
+    def goto(self, i: int) -> Frame:
+        self.cursor = self._index(i)
+        return self.frame
+
+    def run(self, n: int) -> list[Frame]:
+        n = _count(n, "the number of steps")
+        last = self.config.max_seq_len - 1
+        if self.cursor + n > last:
+            raise ValueError(f"{n} more steps would pass the last position ({last}) that preset "
+                             f"{self.config.name!r} allows; at most {last - self.cursor} remain.")
+        return [self.step() for _ in range(n)]
+
+    def step(self, force_token: int | str | None = None, temperature: float | None = None,
+             seed: int | None = None) -> Frame:
+        """One token forward: replay the next frame, generate a new one, or branch on a changed choice.
+
+        force_token (an id or one character) replaces the token chosen after the current frame. temperature
+        and seed become the session's sampling settings (sim.temperature, sim.sample_seed) and re-choose that
+        token with them when they differ from how it was chosen. Either way a changed choice branches.
+        """
+        frame = self.frame
+        forced = None if force_token is None else self._token(force_token)
+        t = self.temperature if temperature is None else _temperature(temperature)
+        s = self.sample_seed if seed is None else _count(seed, "seed")
+        if self.cursor + 1 >= self.config.max_seq_len:
+            raise ValueError(f"the timeline is full: preset {self.config.name!r} allows {self.config.max_seq_len} "
+                             f"tokens, prompt plus generated; go back or start a new Simulation.")
+        self.temperature, self.sample_seed = t, s          # all inputs are valid: now change things
+        if forced is not None:
+            choice = ("forced", forced)
+        elif temperature is not None or seed is not None:
+            choice = ("sampled", t, s)
+        else:
+            choice = self._choice_of(frame)
+
+        if not _same_choice(choice, self._choice_of(frame)):
+            self._branch(choice)
+        elif self.cursor + 1 < len(self._frames):
+            self.cursor += 1
+            return self.frame
+        self._advance(self.frame.token_id, ("sampled", self.temperature, self.sample_seed), prompt=False)
+        self.cursor = len(self._frames) - 1
+        return self.frame
+
+    # ------------------------------------------------------------------ views over the timeline
+    def step_into(self, i: int | None = None) -> list[SublayerView]:
+        """Frame i's sublayers in execution order: embed, per layer attention then MLP, then the head."""
+        f = self.frame if i is None else self._frames[self._index(i)]
+        cfg = self.config
+        depth = {(d.layer, d.site): d for d in f.depth}
+        out = {(s.layer, s.site): s.out_norm for s in f.sublayers}
+        views = [SublayerView(0, -1, "embed", "embed", f"embed · {f.input_text}", out_norm=f.embed_norm)]
+        for layer in range(cfg.num_layers):
+            kind = cfg.layer_kinds[layer]
+            views.append(SublayerView(len(views), layer, "attn", kind, f"L{layer} attn · {kind.upper()}",
+                                      depth=depth.get((layer, "attn")), kda=f.kda_for(layer),
+                                      out_norm=out.get((layer, "attn"), 0.0)))
+            mlp = "dense" if layer < cfg.first_k_dense else "moe"
+            views.append(SublayerView(len(views), layer, "mlp", mlp, f"L{layer} mlp · {'MoE' if mlp == 'moe' else 'dense'}",
+                                      depth=depth.get((layer, "mlp")), routing=f.routing_for(layer),
+                                      out_norm=out.get((layer, "mlp"), 0.0)))
+        head = depth.get((cfg.num_layers, "out"))
+        top = tuple((int(t), token_text(int(t)), float(p)) for t, p in zip(f.top_ids, f.top_probs))
+        views.append(SublayerView(len(views), cfg.num_layers, "head", "head", "head", depth=head,
+                                  out_norm=0.0 if head is None else head.h_norm, top=top))
+        return views
+
+    def expert_load(self, layer: int) -> np.ndarray:
+        """[E] int64: how many tokens each expert of an MoE layer took, over the frames up to the cursor."""
+        if layer not in self.config.moe_layers:
+            raise ValueError(f"layer {layer} has no MoE; MoE layers are {self._span(self.config.moe_layers)}.")
+        ids = [f.routing_for(layer).expert_ids for f in self._frames[:self.cursor + 1]]
+        return np.bincount(np.concatenate(ids), minlength=self.config.num_experts).astype(np.int64)
+
+    def state_norm_history(self, layer: int, head: int) -> np.ndarray:
+        """[n] float32: ||S||_F of one KDA head after each frame up to the cursor."""
+        if layer not in self.config.kda_layers:
+            raise ValueError(f"layer {layer} is not a KDA layer; KDA layers are {self._span(self.config.kda_layers)}.")
+        if not 0 <= head < self.config.kda_heads:
+            raise ValueError(f"head {head} is out of range; KDA heads are 0 to {self.config.kda_heads - 1}.")
+        return np.array([f.kda_for(layer).state_norm[head] for f in self._frames[:self.cursor + 1]], np.float32)
+
+    def memory_history(self) -> dict[str, np.ndarray]:
+        """Per frame up to the cursor: position, kv_bytes, state_bytes, twin_kv_bytes, step_ms, twin_step_ms."""
+        frames = self._frames[:self.cursor + 1]
+        out = {"position": np.array([f.position for f in frames], np.int64)}
+        for key in ("kv_bytes", "state_bytes", "twin_kv_bytes"):
+            out[key] = np.array([getattr(f.memory, key) for f in frames], np.int64)
+        for key in ("step_ms", "twin_step_ms"):
+            out[key] = np.array([getattr(f, key) for f in frames], np.float64)
+        return out
+
+    def snapshot_bytes(self) -> int:
+        """Bytes held by the saved KDA states that make branching cheap."""
+        return sum(s.nbytes() for snap in self._snapshots.values() for s in snap.values())
+
+    def __repr__(self) -> str:
+        return (f"Simulation(preset={self.config.name!r}, frames={len(self._frames)}, cursor={self.cursor}, "
+                f"weights={self.weights!r}, device={str(self.device)!r})")
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _span(layers: list[int]) -> str:
+        return ", ".join(map(str, layers)) if len(layers) <= 8 else f"{layers[0]} to {layers[-1]}"
+
+    def _index(self, i) -> int:
+        n = len(self._frames)
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise ValueError(f"a frame number from 0 to {n - 1} is needed, got {i!r}.") from None
+        if not 0 <= i < n:
+            raise ValueError(f"frame {i} is out of range; valid frames are 0 to {n - 1}.")
+        return i
+
+    def _token(self, token) -> int:
+        vocab = self.config.vocab_size
+        if isinstance(token, str):
+            ids = encode(token, bos=False)
+            if len(ids) != 1:
+                raise ValueError(f"force_token must be one byte-sized character or a token id, got {token!r} "
+                                 f"({len(ids)} bytes).")
+            return ids[0]
+        try:
+            t = operator.index(token)
+        except TypeError:
+            raise ValueError(f"force_token must be a token id in [0, {vocab}) or one character, got {token!r}.") from None
+        if not 0 <= t < vocab:
+            raise ValueError(f"force_token must be a token id in [0, {vocab}), got {t}.")
+        return t
+
+    @staticmethod
+    def _choice_of(frame: Frame) -> tuple:
+        if frame.forced:
+            return ("forced", frame.token_id)
+        return ("sampled", frame.extra["temperature"], frame.extra["seed"])
+
+    def _choose(self, logits: np.ndarray, position: int, choice: tuple) -> int:
+        return choice[1] if choice[0] == "forced" else sample_token(logits, choice[1], choice[2], position)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.no_grad()
+    def _advance(self, token: int, choice: tuple, prompt: bool) -> Frame:
+        """Feed `token` at the next position to the hybrid (recorded) and the twin; append the Frame."""
+        position = len(self._frames)
+        x = torch.tensor([[token]], device=self.device)
+        recorder = FrameRecorder(self._bias_cache)
+        self._sync()
+        t0 = time.perf_counter()
+        _, self._cache = self.model(x, self._cache, recorder=recorder)
+        self._sync()
+        t1 = time.perf_counter()
+        twin_ms = float("nan")
+        if self.twin_model is not None:
+            _, self._twin_cache = self.twin_model(x, self._twin_cache)
+            self._sync()
+            twin_ms = 1e3 * (time.perf_counter() - t1)
+        rec = recorder.finish()
+
+        logits = rec["logits"]
+        chosen = self._choose(logits, position, choice)
+        top_ids, top_probs = top_tokens(logits)
+        frame = Frame(
+            index=position, position=position, input_id=token, input_text=token_text(token),
+            token_id=chosen, token_text=token_text(chosen), top_ids=top_ids, top_probs=top_probs,
+            routing=tuple(rec["routing"]), kda=tuple(rec["kda"]), depth=tuple(rec["depth"]),
+            sublayers=tuple(rec["sublayers"]), memory=self._memory(position + 1),
+            step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms, forced=choice[0] == "forced",
+            extra=self._extra(choice, prompt), embed_norm=rec["embed_norm"])
+        self._frames.append(frame)
+        self._logits.append(logits)
+        self._save_snapshot()
+        return frame
+
+    @staticmethod
+    def _extra(choice: tuple, prompt: bool) -> dict:
+        sampled = choice[0] == "sampled"
+        return {"prompt": prompt, "temperature": choice[1] if sampled else None, "seed": choice[2] if sampled else None}
+
+    def _memory(self, tokens: int) -> MemoryRecord:
+        if self.twin_model is not None:
+            twin_kv = self._twin_cache.kv_bytes()
+        else:  # no twin run: its cache is a formula of the token count (sim.memory, checked by the tests)
+            from .memory import cache_bytes
+            twin_kv = cache_bytes(self.twin_config, tokens)[0]
+        return MemoryRecord(kv_bytes=self._cache.kv_bytes(), state_bytes=self._cache.state_bytes(),
+                            twin_kv_bytes=twin_kv, layer_bytes=tuple(self._cache.layer_bytes()))
+
+    def _save_snapshot(self) -> None:
+        p = self._cache.position
+        self._snapshots[p] = {i: c.clone() for i, c in enumerate(self._cache.layers) if isinstance(c, KDAState)}
+        old = p - RECENT_SNAPSHOTS
+        if old > 0 and old % SNAPSHOT_EVERY:
+            self._snapshots.pop(old, None)
+
+    @torch.no_grad()
+    def _restore(self, tokens: int) -> None:
+        """Set both caches to their state after `tokens` tokens of the timeline (a prefix of the live ones)."""
+        base = max((p for p in self._snapshots if p <= tokens), default=0)
+        cache = ModelCache(self.config.num_layers)
+        for i, c in enumerate(self._cache.layers):
+            if base == 0 or c is None:
+                continue
+            cache.layers[i] = c.truncate(base) if isinstance(c, MLACache) else self._snapshots[base][i].clone()
+        cache.position = base
+        for f in self._frames[base:tokens]:            # replay the recorded tokens: same inputs, same state
+            _, cache = self.model(torch.tensor([[f.input_id]], device=self.device), cache)
+        self._cache = cache
+        # The all-MLA twin's whole decode state is a KV cache: cutting it is its restore.
+        twin = ModelCache(self.config.num_layers)
+        twin.layers = [None if c is None else c.truncate(tokens) for c in self._twin_cache.layers]
+        twin.position = tokens
+        self._twin_cache = twin
+        self._snapshots = {p: s for p, s in self._snapshots.items() if p <= tokens}
+
+    def _branch(self, choice: tuple) -> None:
+        """Make `choice` for the cursor's frame: drop the frames after it and restore the decode state."""
+        c = self.cursor
+        if c + 1 < len(self._frames):
+            del self._frames[c + 1:], self._logits[c + 1:]
+            self._restore(c + 1)
+        old = self._frames[c]
+        token = self._choose(self._logits[c], old.position, choice)
+        self._frames[c] = dataclasses.replace(old, token_id=token, token_text=token_text(token),
+                                              forced=choice[0] == "forced",
+                                              extra=self._extra(choice, old.extra.get("prompt", False)))
+        self.prompt_len = min(self.prompt_len, c + 1)

@@ -1,0 +1,136 @@
+"""sim.render: every picture renders through plain Rich, with and without colour, and shows the right things.
+
+Rendered to Console(record=True) and checked on the text: without colour the pictures fall back to glyphs
+(█▀▄ chosen experts, ░▒▓█ magnitudes), so counts can be read off the text.
+"""
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+from rich.jupyter import JupyterMixin
+
+from sim import Simulation, render
+from sim.frame import KDARecord, RoutingRecord
+from sim.memory import format_bytes, project_to_k3
+
+
+def text_of(renderable, width=100, color_system=None) -> str:
+    console = Console(record=True, width=width, color_system=color_system, force_terminal=color_system is not None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def routing(E=896, k=16, seed=0, bias_boost=None) -> RoutingRecord:
+    rng = np.random.default_rng(seed)
+    scores = rng.uniform(0.2, 0.8, E).astype(np.float32)
+    bias = np.zeros(E, np.float32)
+    if bias_boost is not None:
+        bias[bias_boost] = 1.0                      # this expert wins only thanks to the bias
+    ids = np.argsort(-(scores + bias), kind="stable")[:k]
+    w = scores[ids] / scores[ids].sum()
+    return RoutingRecord(layer=3, scores=scores, bias=bias, expert_ids=ids.astype(np.int64), weights=w)
+
+
+@pytest.fixture(scope="module")
+def frame():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    sim = Simulation("tiny", "ab", weights="random")
+    sim.run(2)
+    torch.set_num_threads(before)
+    return sim.frame, sim.config
+
+
+def test_expert_grid_fits_896_experts_in_8_lines_with_the_chosen_lit():
+    r = routing()
+    mono = text_of(render.expert_grid(r, 896)).splitlines()
+    assert len(mono) == 8 and all(len(line) == 56 for line in mono)
+    glyphs = "".join(mono)
+    assert 2 * glyphs.count("█") + glyphs.count("▀") + glyphs.count("▄") == 16
+    # cell (row, col) of expert e is (e // 56, e % 56): its line is row // 2, upper half when row is even
+    e = int(r.expert_ids[0])
+    assert mono[e // 56 // 2][e % 56] in ("▀█" if (e // 56) % 2 == 0 else "▄█")
+    colour = text_of(render.expert_grid(r, 896, legend=True), color_system="truecolor").splitlines()
+    assert len(colour) == 9 and set("".join(colour[:8])) == {"▀"}
+    assert "16 of 896 experts chosen" in colour[8]
+
+
+def test_expert_grid_colours_chosen_and_bias_chosen_cells_apart():
+    r = routing(E=112, k=2, bias_boost=5)
+    assert 5 in r.expert_ids and 5 not in np.argsort(-r.scores)[:2]
+    console = Console(record=True, width=120, color_system="truecolor", force_terminal=True)
+    console.print(render.expert_grid(r, legend=True))
+    html = console.export_html(inline_styles=True, clear=False)
+    assert "#eb50c8" in html.lower() and "#ffc428" in html.lower()     # magenta (bias) and amber (chosen)
+    assert "1 chosen by the bias" in console.export_text()
+    assert len(text_of(render.expert_grid(r)).splitlines()) == 1           # 112 = 56 x 2 cells = one line
+
+
+def test_topk_table_lists_the_chosen_ids_in_order():
+    r = routing()
+    text = text_of(render.topk_table(r), width=120)
+    rows = [line for line in text.splitlines() if line.startswith("│")]
+    assert [int(line.split("│")[2]) for line in rows] == list(r.expert_ids)
+    assert f"{r.weights[0]:.4f}" in rows[0] and "+0.0000" in rows[0]
+
+
+def test_expert_load_bars_show_the_busiest_experts_first():
+    load = np.zeros(896, np.int64)
+    load[[7, 300, 12]] = [9, 4, 6]
+    lines = text_of(render.expert_load_bars(load, top=2)).splitlines()
+    assert lines[0].startswith("3 of 896 experts used · 19 routings")
+    assert lines[1].split()[0] == "#7" and lines[2].split()[0] == "#12" and len(lines) == 3
+
+
+def test_state_heatmap_draws_k_over_2_lines_and_a_legend():
+    S = np.linspace(-2, 3, 32 * 32, dtype=np.float32).reshape(32, 32)
+    lines = text_of(render.state_heatmap(S)).splitlines()
+    assert len(lines) == 17 and all(len(line.rstrip()) <= 32 for line in lines[:16])
+    assert "min -2.000" in lines[16] and "max +3.000" in lines[16] and f"{np.linalg.norm(S):.3f}" in lines[16]
+    assert lines[15].rstrip().endswith("█")                          # the largest |S| is the last cell
+    assert len(text_of(render.state_heatmap(S), color_system="truecolor").splitlines()) == 17
+    with pytest.raises(ValueError, match="one head's"):
+        render.state_heatmap(np.zeros((2, 3, 3)))
+
+
+def test_decay_beta_bars_and_sparkline():
+    rec = KDARecord(layer=0, state=np.zeros((2, 4, 4), np.float16), decay=np.array([[0, .5, .9, 1], [1, 1, 1, 1]], np.float32),
+                    beta=np.array([0.25, 0.75], np.float32), state_norm=np.array([1.5, 2], np.float32),
+                    correction_norm=np.array([0.125, 0], np.float32))
+    text = text_of(render.decay_beta_bars(rec, 0))
+    assert "▁▅▇█" in text and "0.250" in text and "1.5000" in text and "0.1250" in text
+    with pytest.raises(ValueError, match="heads 0 to 1"):
+        render.decay_beta_bars(rec, 2)
+    assert render.sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert render.sparkline([]) == "" and render.sparkline([2, 2]) == "▄▄"
+    assert render.bar(0.5, 4) == "██  " and render.bar(1.0, 3) == "███"
+
+
+def test_memory_bars_compare_hybrid_twin_and_the_k3_projection(frame):
+    f, config = frame
+    text = text_of(render.memory_bars(f, config), width=120)
+    n = f.position + 1
+    assert f"{config.name}, measured, {n} tokens" in text
+    assert format_bytes(f.memory.total_bytes) in text and format_bytes(f.memory.twin_kv_bytes) in text
+    assert format_bytes(project_to_k3(n).hybrid) in text and "K3 at 1M tokens" in text
+    assert format_bytes(project_to_k3(1 << 20).twin) in text
+
+
+def test_depth_heatmap_has_a_row_per_depth_read(frame):
+    f, _ = frame
+    lines = text_of(render.depth_heatmap(f), width=120).splitlines()
+    assert len(lines) == len(f.depth) + 2                            # header + rows + legend
+    assert lines[1].strip().startswith("L0 attn") and lines[-2].strip().startswith("out")
+    n = f.depth[-1].weights.size
+    assert lines[-2].split(" ", 1)[1].strip() and len(lines[-2].rstrip()) == len(lines[-2].split("out")[0]) + 4 + 2 * n
+
+
+def test_every_picture_renders_in_jupyter_and_in_colour(frame):
+    f, config = frame
+    pictures = [render.expert_grid(f.routing[0]), render.topk_table(f.routing[0]),
+                render.expert_load_bars(np.ones(112)), render.state_heatmap(f.kda[0].state[0]),
+                render.decay_beta_bars(f.kda[0], 1), render.memory_bars(f, config), render.depth_heatmap(f)]
+    for p in pictures:
+        assert text_of(p, color_system="truecolor").strip()
+        assert isinstance(p, JupyterMixin) or hasattr(p, "_repr_mimebundle_") or hasattr(p, "renderables")
