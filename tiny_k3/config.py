@@ -75,7 +75,7 @@ class K3Config:
 
     # Attention Residuals (attnres.md)
     residual: str = "block"          # "block", "full" or "standard" (the plain PreNorm residual)
-    attnres_block_size: int = 12     # sublayers per AttnRes block (K3: 12)
+    attnres_block_size: int = 12     # sublayers per AttnRes block (the paper's unit; K3: 12 layers = 24)
 
     def __post_init__(self):
         if not self.layer_kinds:
@@ -194,7 +194,10 @@ _PRESETS: dict[str, K3Config] = {
         kda_heads=96, kda_head_dim=128, kda_gate_rank=128, kda_gate_lower_bound=-5.0,
         mla_heads=96, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128,
         num_experts=896, top_k=16, moe_intermediate=3072, latent_dim=3584,
-        num_shared_experts=2, shared_intermediate=3072, routed_scaling=1.0, attnres_block_size=12,
+        num_shared_experts=2, shared_intermediate=3072, routed_scaling=1.0,
+        # config.json says attn_res_block_size 12; K3's code closes a block at *layers* 0, 12, ..., 84
+        # (k3_facts.md §1c), i.e. every 12 transformer layers = 24 sublayers, the unit counted here.
+        attnres_block_size=24,
     ),
     # K3's exact topology (93 layers, 69 KDA + 24 MLA, 896 experts, top-16) at tiny widths (§7).
     "k3-topo": K3Config(
@@ -202,7 +205,7 @@ _PRESETS: dict[str, K3Config] = {
         kda_heads=2, kda_head_dim=32, kda_gate_rank=32,
         mla_heads=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
         num_experts=896, top_k=16, moe_intermediate=8, latent_dim=32, shared_intermediate=16,
-        attnres_block_size=12,
+        attnres_block_size=24,  # as k3: a block every 12 layers, [embedding, 7 block sums, partial]
     ),
     **{f"mini-{n}/{k}": _mini(n, k) for n, k in [(56, 1), (112, 2), (224, 4), (448, 8), (896, 16)]},
     # The TUI's and lessons' default: 8 layers, the full 896-expert grid, quick on a laptop.

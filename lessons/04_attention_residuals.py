@@ -1,0 +1,273 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 4 — Attention Residuals: attention over depth
+#
+# A standard PreNorm network adds every sublayer's output to one running sum: h_l = v_0 + v_1 + … +
+# v_{l−1}, each with weight 1. Attention Residuals (Kimi Team, arXiv:2603.15031; attnres.md) replace that
+# fixed sum with **softmax attention over depth**: every sublayer l has a learned pseudo-query w_l and
+# reads
+#
+# α_{i→l} = softmax_i( w_l · RMSNorm(v_i) ),   h_l = Σ_i α_{i→l} v_i      (attnres.md §2, Eqs. 1–4)
+#
+# — keys are the RMS-normalised sources, values the **raw** sources, no 1/√d, one weight per source.
+# K3 uses the *Block* variant (k3_facts.md §1c): sources are the embedding, the sums of completed blocks,
+# and the current block's partial sum.
+#
+# In this lesson: one depth read by hand; why zero-initialised queries make AttnRes *the same network*
+# as a standard residual; how the hidden-state norm grows with a standard residual but not with AttnRes;
+# Block AttnRes's sources and weights on a real model; and why this is a training-time win, not a
+# serving one.
+
+# %%
+import numpy as np
+import torch
+
+from checks import check_block_sources, check_depth_attention
+from workshop import exercise, load_model, plt, step_slider, try_exercise, weights_note
+from tiny_k3 import K3Config, TinyK3, TraceRecorder
+from tiny_k3.attnres import depth_attention
+from tiny_k3.tokenizer import encode, token_text
+
+torch.manual_seed(0)
+f64 = dict(dtype=torch.float64)
+
+# %% [markdown]
+# ## 1. One depth read
+#
+# Three sources for one token (D = 8): the embedding and two sublayer outputs of very different sizes.
+# Because the keys are RMS-normalised, a loud source does not win by being loud; but the value it
+# contributes is its raw self.
+
+# %%
+D = 8
+sources = torch.stack([torch.randn(D, **f64) * s for s in (0.1, 1.0, 10.0)])   # [N, D]
+query = torch.randn(D, **f64)
+for name, w in [("zero query (init)", torch.zeros(D, **f64)), ("a learned query", query)]:
+    h, weights = depth_attention(sources[:, None, None], w)                 # [N, B=1, T=1, D]
+    print(f"{name:18s} weights {np.round(weights[0, 0].numpy(), 3)}  ‖h‖ = {h.norm():.3f}")
+print(f"mean of the sources: ‖mean‖ = {sources.mean(0).norm():.3f}   (zero query: h is the MEAN)")
+
+# %% [markdown]
+# ## 2. Zero-initialised queries reproduce the standard residual under PreNorm
+#
+# With w_l = 0 every weight is 1/l, so h_l is the **mean** of the sources — the standard residual sum
+# divided by l. Every consumer of h_l is an RMSNorm (the next sublayer's PreNorm, or the final norm),
+# and RMSNorm does not care about scale. So at initialisation an AttnRes network computes **the same
+# function** as the standard network with the same weights (attnres.md §3). We check it on the small
+# preset: one set of weights, three residual modes.
+
+# %%
+def same_weights_models(cfg, dtype=torch.float64):
+    """{mode: model} sharing every weight; AttnRes's pseudo-queries are zero as initialised."""
+    torch.manual_seed(0)
+    base = TinyK3(cfg.replace(residual="block"), dtype=dtype)
+    models = {"block": base}
+    for mode in ("full", "standard"):
+        m = TinyK3(cfg.replace(residual=mode), dtype=dtype)
+        m.load_state_dict({k: v for k, v in base.state_dict().items() if k in m.state_dict()}, strict=False)
+        models[mode] = m
+    return models
+
+
+tokens = torch.tensor([encode("key=7; 3+4=")])
+for eps in (1e-12, 1e-5):
+    models = same_weights_models(K3Config.preset("small", rms_norm_eps=eps))
+    with torch.no_grad():
+        logits = {mode: m(tokens)[0] for mode, m in models.items()}
+    diff = {mode: (logits[mode] - logits["standard"]).abs().max().item() for mode in ("block", "full")}
+    print(f"RMSNorm eps = {eps:g}: max |logits − standard| block {diff['block']:.1e}, full {diff['full']:.1e} "
+          f"(logits up to {logits['standard'].abs().max():.2f})")
+
+# %% [markdown]
+# With a negligible eps they agree to float64 rounding of eps. With the preset's eps = 1e-5 they
+# differ a little: at initialisation (weights of std 0.02) the hidden states are tiny, so mean(h²) is
+# not much bigger than eps and RMSNorm is no longer exactly scale-invariant — the "up to eps" of
+# attnres.md §3. Training then moves the queries away from zero and the two networks part ways.
+#
+# ## 3. Norm growth: standard residual vs AttnRes
+#
+# In a standard network the stream keeps adding outputs, so its size grows with depth (≈ √l at init,
+# more after training: deeper layers must "shout" to be heard; attnres.md §5, Fig. 5). AttnRes's h_l is
+# a convex combination of the sources, so ‖h_l‖ ≤ max_i ‖v_i‖ — it cannot accumulate. Measured on a
+# 16-layer (32-sublayer) version of the small preset, same weights, every sublayer input:
+
+# %%
+deep = K3Config.preset("small", num_layers=16, layer_kinds=())
+rms = {}
+with torch.no_grad():
+    for mode, m in same_weights_models(deep, dtype=torch.float32).items():
+        rec = TraceRecorder()
+        m(tokens, recorder=rec)
+        rms[mode] = [d["h"].pow(2).mean().sqrt().item() for _, d in rec.of("depth")]
+        rms[mode + " outputs"] = [d["out"].pow(2).mean().sqrt().item() for _, d in rec.of("sublayer")]
+
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+for mode, style in [("standard", "-"), ("full", "--"), ("block", "-.")]:
+    a1.plot(rms[mode], style, label={"standard": "standard residual x_l", "full": "Full AttnRes h_l",
+                                     "block": f"Block AttnRes h_l (S = {deep.attnres_block_size})"}[mode])
+a1.set_xlabel("sublayer input (…, last = before the head)"), a1.set_ylabel("RMS"), a1.legend(fontsize=7)
+a1.set_title("what each sublayer reads")
+a2.plot(rms["standard outputs"], label="standard"), a2.plot(rms["block outputs"], "-.", label="block")
+a2.set_xlabel("sublayer"), a2.set_ylabel("RMS of the output v_l"), a2.legend(fontsize=7)
+a2.set_title("what each sublayer writes (about the same)")
+plt.tight_layout(); plt.show()
+print(f"standard: {rms['standard'][0]:.3f} -> {rms['standard'][-1]:.3f};  "
+      f"full: {rms['full'][0]:.3f} -> {rms['full'][-1]:.3f};  block stays in "
+      f"[{min(rms['block']):.3f}, {max(rms['block']):.3f}]")
+
+# %% [markdown]
+# The standard stream grows with every sublayer. Full AttnRes at init reads the *mean* of ever more
+# sources, so its h shrinks; Block AttnRes stays bounded, in a sawtooth that resets at each block
+# boundary (attnres.md §7). The outputs v_l themselves are about the same in all three.
+#
+# ## 4. Block AttnRes on the real model
+#
+# K3's released config sets `attn_res_block_size = 12` (k3_facts.md §1b), and K3's code closes a
+# block every 12 *transformer layers* (§1c), which is 24 sublayers: tiny_k3 counts sublayers per block
+# (the paper's unit), so its `k3` preset says 24, and the small preset uses 4. Before sublayer j (layer i's attention is j = 2i,
+# its MLP 2i + 1) the sources are: the embedding b_0, one sum per completed block, and the partial sum
+# of the current block if it has started. Here are the depth weights recorded for one token of the small
+# model — each row is one sublayer's read, each column one source.
+
+# %%
+model, trained = load_model("small")
+cfg = model.config
+ids = encode("key=7; 3+4=")
+
+
+def depth_rows(model, ids):
+    """Per input token: list of (label, weights [N]) for every depth read, decoding token by token."""
+    cache, out = None, []
+    with torch.no_grad():
+        for tok in ids:
+            rec = TraceRecorder()
+            _, cache = model(torch.tensor([[tok]]), cache, recorder=rec)
+            out.append([(f"L{layer} {d['site']}", d["weights"][0, 0].numpy()) for layer, d in rec.of("depth")])
+    return out
+
+
+def heat(rows):
+    n = max(len(w) for _, w in rows)
+    grid = np.full((len(rows), n), np.nan)
+    for r, (_, w) in enumerate(rows):
+        grid[r, : len(w)] = w
+    return grid
+
+
+reads = depth_rows(model, ids)
+# the same model with the pseudo-queries moved off zero, as training would move them
+moved = TinyK3(cfg)
+moved.load_state_dict(model.state_dict())
+with torch.no_grad():
+    for name, p in moved.named_parameters():
+        if name.endswith("res.query"):
+            p.normal_(0, 3.0)
+reads_moved = depth_rows(moved, ids)
+zero = all(float(p.abs().max()) == 0 for n, p in model.named_parameters() if n.endswith("res.query"))
+print("this model's pseudo-queries are all zero, as initialised" if zero else "this model's pseudo-queries were trained")
+print(f"{weights_note(trained)}; {len(reads[-1])} depth reads per token "
+      f"(2 per layer × {cfg.num_layers} + 1 before the head), at most {heat(reads[-1]).shape[1]} sources")
+
+
+def show_step(i):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = [(axes[0], reads[i], "this model's queries"), (axes[1], reads_moved[i], "queries moved off zero")]
+    for ax, rows, title in panels:
+        im = ax.imshow(heat(rows), cmap="magma", vmin=0, vmax=1, aspect="auto")
+        ax.set_yticks(range(len(rows)), [lab for lab, _ in rows], fontsize=6)
+        ax.set_xticks(range(heat(rows).shape[1]), ["emb"] + [f"b{j}" for j in range(1, heat(rows).shape[1])], fontsize=7)
+        ax.set_title(f"token {i} {token_text(ids[i])!r}: {title}", fontsize=8), ax.grid(False)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="weight α")
+    plt.show()
+
+
+step_slider(show_step, len(ids), start=len(ids) - 1, description="token")
+
+# %%
+show_step(3)
+
+# %% [markdown]
+# With zero queries each row is exactly uniform (1/N over its N sources) — that uniformity *is* the
+# standard residual. Once the queries move, the weights depend on the token: compare two tokens with
+# the slider. The last row ("L8 out") is the final aggregation before the head.
+#
+# ## 5. A training-time win, not a serving one
+#
+# What AttnRes buys is **better models for the same training compute**: the paper's scaling laws give
+# Block AttnRes the loss of a baseline trained with 1.25× the compute; Kimi Linear 48B gains e.g.
+# +7.5 on GPQA-Diamond (attnres.md §5, Tables 2–3; K3: "25% higher training efficiency at <2% extra
+# cost", k3_facts.md §1, S14). What it costs at serving time is small, and it saves nothing there:
+
+# %%
+from sim.costs import serving_model  # noqa: E402
+
+k3 = K3Config.preset("k3")
+d, b = k3.hidden_size, k3.dtype_bytes
+S = k3.attnres_block_size
+L = k3.num_sublayers
+N = 1 + L // S + (L % S > 0)                       # sources before the head: embedding + completed blocks + partial
+standard_io = 3 * d * b * L                        # read x, read f(x), write x + f(x) per sublayer (Table 1)
+block_io = (N / S + 5) * d * b * L                 # Block AttnRes, two-phase schedule (Table 1, symbolic)
+sm = serving_model(k3)                             # K3's release: MXFP4 experts, BF16 rest
+weights_read = sm.dense_bytes + sm.moe_layers * sm.top_k * sm.expert_bytes   # active weights one token reads
+print(f"K3 decode, per token: residual-stream I/O standard {standard_io / 1e6:.1f} MB, Block AttnRes "
+      f"{block_io / 1e6:.1f} MB (N = {N} sources, S = {S})")
+print(f"  vs active weights read per step ≈ {weights_read / 1e9:.0f} GB: the extra is "
+      f"{(block_io - standard_io) / weights_read:.1e} of it — no serving win, and almost no serving cost")
+prefill_tokens = 128 * 1024
+print(f"prefill: the block representations take N·T·d = 8 × {prefill_tokens:,} × {d} × {b} B = "
+      f"{8 * prefill_tokens * d * b / 1e9:.1f} GB for 8 blocks at 128K tokens (attnres.md §4: 15 GB) — "
+      "why they are sharded over the sequence.")
+
+# %% [markdown]
+# AttnRes changes nothing about what decode must keep per token (no new cache — the sources are recomputed
+# each forward pass) and little about what it reads; it does not shrink the KV cache or the weights.
+# Its payoff is the loss curve — a better model at the same size, which is a *training* efficiency.
+#
+# ## Exercises
+#
+# ### Exercise 4.1 — one depth-attention read
+# For one token: RMS-normalise the keys (with the gain), dot them with the query, softmax over the
+# sources, mix the **raw** sources.
+
+# %% tags=["exercise"]
+@exercise("depth_attention")
+def my_depth_attention(sources, query, norm_weight):
+    """sources [N, D], query [D], norm_weight [D] -> (h [D], weights [N]); eps = 1e-6."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_depth_attention, my_depth_attention)
+
+# %% [markdown]
+# ### Exercise 4.2 — the sources of Block AttnRes
+# Given the embedding and the outputs so far, list what the next sublayer attends over.
+
+# %% tags=["exercise"]
+@exercise("block_sources")
+def my_block_sources(embedding, outputs, block_size):
+    """embedding [D], outputs: list of [D], block_size S -> list of [D] sources, embedding first."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_block_sources, my_block_sources)
+
+# %% [markdown]
+# **Take-away.** AttnRes lets each sublayer choose how much of each earlier block it reads. Initialised
+# at zero it *is* the standard residual, so training starts from familiar ground; it keeps hidden
+# states bounded and pays off in training efficiency, while costing serving almost nothing.

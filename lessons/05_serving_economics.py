@@ -1,0 +1,257 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 5 — Serving economics: bytes, GPUs, traffic, dollars
+#
+# Claims about serving K3 travel fast and lose their sources on the way. This lesson recomputes each
+# one from the model itself — parameter counts from the real modules on the `meta` device
+# (`tiny_k3.parameter_breakdown`), byte formats and the cost model from `sim.costs` — and checks it
+# against its source in k3_facts.md (source ids like S7, S13 are listed at the end of that file).
+#
+# 1. MXFP4: why K3's weights are **1.56 TB**, not "1.4 TB", and where "594 GB" comes from;
+# 2. how many GPUs hold that, with and without long contexts;
+# 3. expert-parallel traffic per token, and why latent MoE keeps it at K2's level;
+# 4. rent vs own: the API price against a (labelled, optimistic) cost model;
+# 5. the seed claims, one by one, with their sources.
+
+# %%
+import numpy as np
+
+from checks import check_ep_bytes, check_mxfp4_bytes, check_release_bytes
+from workshop import exercise, plt, step_slider, try_exercise
+from sim.costs import (GPU_MEMORY, K3_PRICES, SCHEMES, api_price, corrections, decode_step_time,
+                       expected_destinations, ep_traffic, ep_traffic_for, k2_parameters, serving_model,
+                       tensor_bytes, weight_bytes)
+from sim.memory import cache_bytes, format_bytes
+from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
+
+k3 = K3Config.preset("k3")
+parts = parameter_breakdown(k3)            # K3 built on the meta device: real modules, no memory
+total, active = parameter_counts(k3)
+print(f"K3: {total / 1e12:.4f}T parameters, {parts['routed_experts'] / total:.1%} of them routed experts")
+
+# %% [markdown]
+# ## 1. MXFP4 and the size of the checkpoint
+#
+# MXFP4 (OCP MX, k3_facts.md §4, S27) stores blocks of 32 values as 4-bit E2M1 numbers (16 B) plus one
+# shared 8-bit E8M0 scale (1 B): **17 B per 32 values = 4.25 bits**. K3's release quantises only the
+# routed experts (config.json: compressed-tensors `mxfp4-pack-quantized`, group 32, S1); attention,
+# shared experts, router, projections, embedding and head stay BF16.
+
+# %%
+sizes = {scheme: weight_bytes(k3, scheme) for scheme in SCHEMES}
+for scheme, n in sizes.items():
+    experts, rest = SCHEMES[scheme]
+    print(f"{scheme:13s} experts {experts:6s} rest {rest:5s} -> {format_bytes(n, 3)}")
+naive = total * 4 / 8
+k2_experts, k2_rest = k2_parameters()
+k2_thinking = tensor_bytes(k2_experts, "int4") + tensor_bytes(k2_rest, "bf16")
+print(f"\nnaive 'every parameter at 4 bits': {format_bytes(naive, 3)}  <- the '1.4 TB' of the claim (2.8T x 4 bit)")
+print(f"K3 release (MXFP4 experts + BF16 rest): {format_bytes(sizes['k3-release'], 3)}  "
+      "<- the reported 1.56 TB download (PC Watch via S13; colibri S7)")
+print(f"K2-Thinking (INT4 g32 experts + BF16 rest): {format_bytes(k2_thinking, 3)}  <- '594 GB' (S35)")
+print(f"594 GB over K3's {total / 1e12:.2f}T parameters = {594e9 * 8 / total:.2f} bit/param: only a 1-bit-class "
+      "GGUF fits that (Unsloth UD-IQ1_S, S15)")
+
+fig, ax = plt.subplots(figsize=(9, 3))
+ax.barh(list(sizes), [n / 1e12 for n in sizes.values()], color="tab:blue")
+for x, label in [(naive / 1e12, "'1.4 TB'"), (0.594, "'594 GB'")]:
+    ax.axvline(x, color="crimson", ls="--", lw=1)
+    ax.text(x, len(sizes) - 0.5, label, color="crimson", ha="center", fontsize=8)
+ax.set_xlabel("TB (decimal)"), ax.set_title("K3's weights by storage scheme (computed from the meta-device model)")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 2. GPUs needed
+#
+# Weights first, then the decode cache (lesson 3): K3 keeps 27,648 B per token of context in its 24 MLA
+# layers plus a fixed 449 MB of KDA state per sequence. Here is an *ideal* count — weights and cache
+# spread evenly, 10% of each GPU kept for activations and runtime. Real deployments round up to
+# parallelism shapes: the smallest published recipes are 8×B300, 16×H200 and 32×H100 (SGLang, S5).
+
+# %%
+def gpus(mem, batch=0, context=0, overhead=0.1):
+    kv, state = cache_bytes(k3, context, batch=batch) if batch else (0, 0)
+    return int(np.ceil((sizes["k3-release"] + kv + state) / (mem * (1 - overhead))))
+
+
+print(f"{'GPU':5s} {'memory':>7s} {'weights only':>13s} {'+64 seqs x 128K':>16s} {'+16 seqs x 1M':>14s}")
+for name, mem in GPU_MEMORY.items():
+    print(f"{name:5s} {mem / 1e9:6.0f}G {gpus(mem):>13d} {gpus(mem, 64, 131072):>16d} {gpus(mem, 16, 1 << 20):>14d}")
+
+contexts = np.logspace(3, 7.5, 40)      # total cached tokens over all sequences (batch x length)
+fig, ax = plt.subplots(figsize=(8, 3))
+for name, mem in GPU_MEMORY.items():
+    ax.plot(contexts, [gpus(mem, 1, int(c)) for c in contexts], label=name)
+ax.set_xscale("log"), ax.set_xlabel("tokens of context held (all sequences)"), ax.set_ylabel("GPUs (ideal)")
+ax.set_title("K3 release weights + decode cache"), ax.legend()
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 3. Expert-parallel traffic
+#
+# With expert parallelism (EP) each GPU holds E/EP of every layer's experts; a token's activation is
+# *dispatched* to the GPUs of its 16 experts and the results are *combined* back (k3_facts.md §6b):
+# dispatch in FP8 with a 1-byte scale per 32 values, combine in BF16. Latent MoE dispatches the 3584-wide
+# latent, not the 7168-wide hidden state — so K3's 16 copies cost what K2's 8 did.
+
+# %%
+sm = serving_model(k3)
+for ep in (8, 16, 64):
+    t = ep_traffic_for(k3, ep)
+    per_gpu = k3.num_experts // ep * len(k3.moe_layers) * sm.expert_bytes
+    print(f"EP{ep:<3d}: {k3.num_experts // ep:3d} experts/GPU/layer = {format_bytes(per_gpu)} of MXFP4 experts per GPU; "
+          f"a token reaches {t.destinations:4.1f} GPUs per layer; {format_bytes(t.per_token)} per token over "
+          f"{t.moe_layers} MoE layers")
+k2 = ep_traffic(7168, 8, 64, 60)
+print(f"K2 (d_route 7168, top-8, 60 MoE layers): {format_bytes(k2.per_layer)} per layer, "
+      f"K3: {format_bytes(ep_traffic_for(k3).per_layer)} — the same per layer")
+
+eps = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256])
+fig, ax = plt.subplots(figsize=(8, 3))
+for k, label in [(16, "K3: top-16"), (8, "K2 / DeepSeek-V3: top-8")]:
+    ax.plot(eps, [expected_destinations(int(e), k) for e in eps], "o-", label=label)
+ax.plot(eps, eps, "k:", lw=0.8, label="EP (every GPU)")
+ax.set_xscale("log", base=2), ax.set_ylim(0, 17), ax.set_xlabel("EP degree (GPUs holding experts)")
+ax.set_ylabel("distinct GPUs per token"), ax.legend()
+ax.set_title("EP·(1 − (1 − 1/EP)^k): one copy per destination GPU")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 4. Rent vs own
+#
+# The API price (k3_facts.md §1: S11, S12, S13): **$3.00** per million input tokens on a cache miss,
+# **$0.30** on a cache hit, **$15.00** per million output tokens.
+
+# %%
+req = dict(input_tokens=100_000, output_tokens=2_000, cached_tokens=80_000)
+print(f"one agent turn, 100K context (80K cached) + 2K output: ${api_price(**req):.4f} "
+      f"(input {K3_PRICES['input']}/{K3_PRICES['cache_hit']} $/M, output {K3_PRICES['output']} $/M)")
+
+# %% [markdown]
+# Owning (or renting GPUs by the hour) is priced per *GPU-hour*, so it pays only if the GPUs stay busy
+# with large batches. A rough decode-only model, **with its assumptions in plain sight**:
+# 16 H200s (the smallest H200 recipe, S5), 4.8 TB/s each, 70% bandwidth efficiency, no communication
+# (the bandwidth model of k3_facts.md §5b — optimistic), and **$2 per GPU-hour** (the figure DeepSeek
+# used for its own cost accounting, S23 — change it to your price). Prefill (input tokens) is not counted.
+
+# %%
+GPU_HOUR = 2.0           # $ per GPU-hour — an assumption, edit me
+G = 16
+batches = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+fig, ax = plt.subplots(figsize=(8, 3))
+for context in (4096, 131072):
+    step = np.array([decode_step_time(sm, int(b), context, gpus=G, bandwidth=4.8e12) for b in batches])
+    dollars = G * GPU_HOUR / 3600 * step / batches * 1e6          # $ per million output tokens
+    ax.plot(batches, dollars, "o-", label=f"own: {G}×H200 at ${GPU_HOUR}/GPU-h, {context // 1024}K context")
+    print(f"context {context // 1024:4d}K: batch 1 -> ${dollars[0]:.1f}/M, batch 64 -> ${dollars[6]:.2f}/M output tokens "
+          f"({1e3 * step[6]:.1f} ms per step)")
+ax.axhline(K3_PRICES["output"], color="crimson", ls="--", label="API: $15 per M output tokens")
+ax.set_xscale("log", base=2), ax.set_yscale("log"), ax.set_xlabel("sequences decoded together (batch)")
+ax.set_ylabel("$ per M output tokens"), ax.set_title("decode-only cost model (optimistic: no comm, no prefill)")
+ax.legend(fontsize=7)
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# At batch 1 owning costs more than the API per token; a deployment that keeps 64+ sequences in
+# flight undercuts it — *if* it has the traffic, and before communication, prefill, idle hours and
+# engineers. Every step reads the active weights once, whatever the batch (§5b), so batching is
+# everything:
+
+# %%
+from sim.costs import decode_step_bytes, expected_experts_touched  # noqa: E402
+
+for batch in (1, 64):
+    read = decode_step_bytes(sm, batch, 0)          # weights only (no cache at context 0)
+    touched = expected_experts_touched(k3.num_experts, k3.top_k, batch)
+    print(f"batch {batch:2d}: one step reads {format_bytes(read['dense'] + read['experts'])} of weights "
+          f"(BF16 non-expert {format_bytes(read['dense'])} + {touched:.0f} MXFP4 experts per layer) "
+          f"= {format_bytes((read['dense'] + read['experts']) / batch)} per token")
+
+# %% [markdown]
+# ## 5. The seed claims, checked
+#
+# `sim.costs.corrections()` recomputes the four corrections of k3_facts.md §0. Step through them:
+
+# %%
+claims = corrections()
+
+
+def show_step(i):
+    c = claims[i]
+    print(f"CLAIM {i + 1}/{len(claims)}: {c['claim']}   [sources: {', '.join(c['sources'])}]")
+    print(f"  {c['verdict']}")
+    for name, value in c["figures"].items():
+        shown = (format_bytes(value, 3) if name.endswith("(B)") else f"{value:.2f}" if isinstance(value, float)
+                 else str(value))
+        print(f"    {name}: {shown}")
+
+
+step_slider(show_step, len(claims), description="claim")
+
+# %%
+for i in range(len(claims)):
+    show_step(i)
+    print()
+
+# %% [markdown]
+# ## Exercises
+#
+# ### Exercise 5.1 — MXFP4 bytes of one weight matrix
+# Blocks of 32 along each row, 16 B of 4-bit values + a 1-B scale per block; a short last block is padded.
+
+# %% tags=["exercise"]
+@exercise("mxfp4_bytes")
+def my_mxfp4_bytes(rows, cols):
+    """A [rows, cols] matrix in MXFP4 -> bytes (int)."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_mxfp4_bytes, my_mxfp4_bytes)
+
+# %% [markdown]
+# ### Exercise 5.2 — the size of K3's release
+# Routed experts in MXFP4, everything else in BF16, from the parameter breakdown.
+
+# %% tags=["exercise"]
+@exercise("release_bytes")
+def my_release_bytes(parts):
+    """parts: parameter_breakdown(config) -> bytes of the release format (int)."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_release_bytes, my_release_bytes)
+
+# %% [markdown]
+# ### Exercise 5.3 — expert-parallel bytes per token per layer
+# Dispatch (FP8 + scales) and combine (BF16) for each of the top-k copies — of which activation?
+
+# %% tags=["exercise"]
+@exercise("ep_bytes")
+def my_ep_bytes(config):
+    """config: a K3Config -> all-to-all bytes per token per MoE layer (int)."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_ep_bytes, my_ep_bytes)
+
+# %% [markdown]
+# **Take-away.** K3's memory bill is its 1.56 TB of weights (MXFP4 experts, BF16 rest) plus the cache;
+# its per-token bill is the ≈137 GB of active weights each decode step reads, shared by everything in
+# the batch. Latent MoE keeps expert-parallel traffic at K2's level despite twice the top-k. Every
+# figure above is recomputed, and every claim carries its source.

@@ -1,0 +1,416 @@
+"""The exercise checks teach: reference solutions pass, deliberately wrong ones fail with the intended message.
+
+Each wrong implementation below is a mistake a learner makes (a scalar decay instead of a per-channel
+one, weights from scores + bias, bytes off by the dtype, a missing renormalisation, ...). The check
+must fail with an ExerciseError whose message names that mistake, not just "wrong".
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+LESSONS = Path(__file__).resolve().parents[1] / "lessons"
+sys.path.insert(0, str(LESSONS))
+
+import checks  # noqa: E402
+import solutions  # noqa: E402
+import workshop  # noqa: E402
+from checks import ExerciseError  # noqa: E402
+
+SOLVED = {
+    checks.check_route: solutions.route,
+    checks.check_active_params: solutions.active_params,
+    checks.check_bias_update: solutions.bias_update,
+    checks.check_kda_step: solutions.kda_step,
+    checks.check_kda_gate: solutions.kda_gate,
+    checks.check_mla_cache_bytes: solutions.mla_cache_bytes,
+    checks.check_kda_state_bytes: solutions.kda_state_bytes,
+    checks.check_depth_attention: solutions.depth_attention,
+    checks.check_block_sources: solutions.block_sources,
+    checks.check_mxfp4_bytes: solutions.mxfp4_bytes,
+    checks.check_release_bytes: solutions.release_bytes,
+    checks.check_ep_bytes: solutions.ep_bytes,
+    checks.check_sublayer_order: solutions.sublayer_order,
+    checks.check_num_sources: solutions.num_sources,
+}
+
+
+def test_every_check_has_a_solution_and_a_spec():
+    assert set(SOLVED) == set(checks.ALL_CHECKS)
+    for check in checks.ALL_CHECKS:
+        assert len(check.expects) > 80, check.__name__
+
+
+@pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
+def test_reference_solution_passes(check, capsys):
+    check(SOLVED[check])
+    assert f"✓ {check.__name__} passed" in capsys.readouterr().out
+
+
+def fails_with(check, fn, *fragments):
+    with pytest.raises(ExerciseError) as info:
+        check(fn)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"expected {fragment!r} in:\n{message}"
+    return message
+
+
+# ---------------------------------------------------------------------------- lesson 1
+
+
+def route_by_scores_only(scores, bias, k):
+    ids = scores.topk(k, -1).indices
+    w = scores.gather(-1, ids)
+    return ids, w / w.sum(-1, keepdim=True)
+
+
+def route_weights_with_bias(scores, bias, k):
+    ids = (scores + bias).topk(k, -1).indices
+    w = (scores + bias).gather(-1, ids)
+    return ids, w / w.sum(-1, keepdim=True)
+
+
+def route_no_renorm(scores, bias, k):
+    ids = (scores + bias).topk(k, -1).indices
+    return ids, scores.gather(-1, ids)
+
+
+def route_softmax(scores, bias, k):
+    ids = (scores + bias).topk(k, -1).indices
+    return ids, scores.gather(-1, ids).softmax(-1)
+
+
+def test_route_mistakes_are_named():
+    fails_with(checks.check_route, route_by_scores_only, "by the score s alone", "topk(s + b)")
+    fails_with(checks.check_route, route_weights_with_bias, "include the selection bias", "right weights are")
+    fails_with(checks.check_route, route_no_renorm, "renormalise", "not 1")
+    fails_with(checks.check_route, route_softmax, "softmax")
+    fails_with(checks.check_route, lambda s, b, k: (s.topk(k, -1).indices,), "Return two things")
+    fails_with(checks.check_route, lambda s, b, k: ((s + b).topk(k + 1, -1).indices, s[:, : k + 1]),
+               "expert_ids has shape", "should be")
+
+
+def test_route_ids_in_any_order_pass(capsys):
+    def reversed_order(scores, bias, k):
+        ids, w = solutions.route(scores, bias, k)
+        return ids.flip(-1), w.flip(-1)
+
+    checks.check_route(reversed_order)
+
+
+def test_active_params_mistakes_are_named():
+    def with_embedding(parts, n, k):
+        return solutions.active_params(parts, n, k) + parts["embedding"]
+
+    def total(parts, n, k):
+        return sum(parts.values())
+
+    def experts_only(parts, n, k):
+        return parts["routed_experts"] * k // n
+
+    def no_router(parts, n, k):
+        return solutions.active_params(parts, n, k) - parts["router"]
+
+    fails_with(checks.check_active_params, with_embedding, "input embedding", "table lookup")
+    fails_with(checks.check_active_params, total, "every parameter")
+    fails_with(checks.check_active_params, experts_only, "only the active routed experts")
+    fails_with(checks.check_active_params, no_router, "router")
+
+
+def test_bias_update_mistakes_are_named():
+    fails_with(checks.check_bias_update, lambda b, load, r: b - r * torch.sign(load.mean() - load),
+               "Wrong direction", "goes down")
+    fails_with(checks.check_bias_update, lambda b, load, r: b + r * (load.mean() - load), "fixed γ")
+    fails_with(checks.check_bias_update, lambda b, load, r: b.clone(), "did not change")
+
+
+# ---------------------------------------------------------------------------- lesson 2
+
+
+def kda_step_scalar_decay(S, q, k, v, g, beta, scale):
+    S = g.mean().exp() * S                        # GDN: one decay per head
+    S = S + beta * torch.outer(k, v - S.T @ k)
+    return S.T @ (scale * q), S
+
+
+def kda_step_linear_attention(S, q, k, v, g, beta, scale):
+    S = g.exp()[:, None] * S
+    S = S + beta * torch.outer(k, v)              # no delta correction
+    return S.T @ (scale * q), S
+
+
+def kda_step_read_before_write(S, q, k, v, g, beta, scale):
+    S = g.exp()[:, None] * S
+    o = S.T @ (scale * q)
+    return o, S + beta * torch.outer(k, v - S.T @ k)
+
+
+def kda_step_no_scale(S, q, k, v, g, beta, scale):
+    o, S = solutions.kda_step(S, q, k, v, g, beta, scale)
+    return o / scale, S
+
+
+def kda_step_decay_on_columns(S, q, k, v, g, beta, scale):
+    S = S * g.exp()                               # broadcasts over V: wrong axis (a shape error when K != V)
+    S = S + beta * torch.outer(k, v - S.T @ k)
+    return S.T @ (scale * q), S
+
+
+def kda_step_log_not_exp(S, q, k, v, g, beta, scale):
+    S = g[:, None] * S
+    S = S + beta * torch.outer(k, v - S.T @ k)
+    return S.T @ (scale * q), S
+
+
+def test_kda_step_mistakes_are_named():
+    fails_with(checks.check_kda_step, kda_step_scalar_decay, "one number for the whole head", "Gated DeltaNet",
+               "exp(g_d)")
+    fails_with(checks.check_kda_step, kda_step_linear_attention, "linear attention", "v − S'ᵀk")
+    fails_with(checks.check_kda_step, kda_step_read_before_write, "Read after writing")
+    fails_with(checks.check_kda_step, kda_step_no_scale, "misses the scale")
+    fails_with(checks.check_kda_step, kda_step_decay_on_columns, "raised RuntimeError", "one per *row*")
+    fails_with(checks.check_kda_step, kda_step_log_not_exp, "*log* decay")
+    fails_with(checks.check_kda_step, lambda S, q, k, v, g, beta, scale: (v, S[:, :1]), "S_new has shape")
+
+
+def test_kda_gate_mistakes_are_named():
+    def no_exp(g_raw, A_log, dt_bias, lb):
+        H, K = g_raw.shape[-2:]
+        x = g_raw + dt_bias.view(H, K)
+        return -A_log[:, None] * F.softplus(x) if lb is None else lb * torch.sigmoid(A_log[:, None] * x)
+
+    def softplus_always(g_raw, A_log, dt_bias, lb):
+        H, K = g_raw.shape[-2:]
+        return -A_log.exp()[:, None] * F.softplus(g_raw + dt_bias.view(H, K))
+
+    fails_with(checks.check_kda_gate, no_exp, "A_log is a logarithm")
+    fails_with(checks.check_kda_gate, softplus_always, "sigmoid form", "(−5, 0)")
+
+
+# ---------------------------------------------------------------------------- lesson 3
+
+
+def test_mla_cache_bytes_mistakes_are_named():
+    def values_not_bytes(cfg, t):
+        return t * len(cfg.mla_layers) * cfg.mla_cache_width
+
+    def assumed_fp32(cfg, t):
+        return t * len(cfg.mla_layers) * cfg.mla_cache_width * 4
+
+    def every_layer(cfg, t):
+        return t * cfg.num_layers * cfg.mla_cache_width * cfg.dtype_bytes
+
+    def no_rope(cfg, t):
+        return t * len(cfg.mla_layers) * cfg.kv_lora_rank * cfg.dtype_bytes
+
+    def per_head(cfg, t):
+        return t * len(cfg.mla_layers) * cfg.mla_heads * (cfg.qk_head_dim + cfg.v_head_dim) * cfg.dtype_bytes
+
+    fails_with(checks.check_mla_cache_bytes, values_not_bytes, "values, not bytes", "dtype_bytes")
+    fails_with(checks.check_mla_cache_bytes, assumed_fp32, "Off by the dtype", "bfloat16", "'k3'")
+    fails_with(checks.check_mla_cache_bytes, every_layer, "Only the 1 MLA layers", "KDA layers")
+    fails_with(checks.check_mla_cache_bytes, no_rope, "k_rope")
+    fails_with(checks.check_mla_cache_bytes, per_head, "per-head K and V")
+    fails_with(checks.check_mla_cache_bytes, lambda cfg, t: 2 * solutions.mla_cache_bytes(cfg, t),
+               "separate K and V")
+
+
+def test_kda_state_bytes_mistakes_are_named():
+    def no_conv(cfg):
+        return len(cfg.kda_layers) * cfg.kda_heads * cfg.kda_head_dim ** 2 * 4
+
+    def state_in_weight_dtype(cfg):
+        return solutions.kda_state_bytes(cfg) - no_conv(cfg) + no_conv(cfg) * cfg.dtype_bytes // 4
+
+    fails_with(checks.check_kda_state_bytes, no_conv, "short-convolution tail")
+
+    # the tiny presets are float32 anyway; the mistake shows on K3 (bfloat16)
+    fails_with(checks.check_kda_state_bytes, state_in_weight_dtype, "always float32")
+
+
+# ---------------------------------------------------------------------------- lesson 4
+
+
+def depth_with_sqrt_d(sources, query, gain):
+    keys = sources * torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+    w = (keys @ query / sources.shape[-1] ** 0.5).softmax(0)
+    return w @ sources, w
+
+
+def depth_sum_of_keys(sources, query, gain):
+    keys = sources * torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+    w = (keys @ query).softmax(0)
+    return w @ keys, w
+
+
+def depth_no_key_norm(sources, query, gain):
+    w = (sources @ query).softmax(0)
+    return w @ sources, w
+
+
+def depth_wrong_axis(sources, query, gain):
+    keys = sources * torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+    w = (keys * query).softmax(-1).sum(-1)         # softmax over channels: not one weight per source
+    return w @ sources, w
+
+
+def test_depth_attention_mistakes_are_named():
+    fails_with(checks.check_depth_attention, depth_with_sqrt_d, "no 1/√d")
+    fails_with(checks.check_depth_attention, depth_sum_of_keys, "summed the normalised keys", "raw sources")
+    fails_with(checks.check_depth_attention, depth_no_key_norm, "did not normalise the keys")
+    fails_with(checks.check_depth_attention, depth_wrong_axis, "softmax must run over the N sources")
+
+
+def test_block_sources_mistakes_are_named():
+    def full_attnres(emb, outs, S):
+        return [emb, *outs]
+
+    def embedding_in_blocks(emb, outs, S):
+        src = solutions.block_sources(emb, outs, S)
+        return [src[0]] + [s + emb for s in src[1:]]
+
+    def running_total(emb, outs, S):
+        src = [emb]
+        for start in range(0, len(outs), S):
+            src.append(sum(outs[: start + S], torch.zeros_like(emb)))
+        return src
+
+    def no_partial(emb, outs, S):
+        return [emb] + [sum(outs[i:i + S], torch.zeros_like(emb)) for i in range(0, len(outs) - S + 1, S)]
+
+    fails_with(checks.check_block_sources, full_attnres, "Full AttnRes")
+    fails_with(checks.check_block_sources, embedding_in_blocks, "includes the embedding")
+    fails_with(checks.check_block_sources, running_total, "running total")
+    fails_with(checks.check_block_sources, no_partial, "Expected", "partial sum")
+
+
+# ---------------------------------------------------------------------------- lesson 5
+
+
+def test_mxfp4_bytes_mistakes_are_named():
+    fails_with(checks.check_mxfp4_bytes, lambda r, c: r * c // 2, "1-byte E8M0 scale", "4.25")
+    fails_with(checks.check_mxfp4_bytes, lambda r, c: r * math.ceil(c / 32) * 18, "INT4", "BF16")
+    fails_with(checks.check_mxfp4_bytes, lambda r, c: math.ceil(r * c * 17 / 32), "padded")
+
+
+def test_release_bytes_mistakes_are_named():
+    def all_mxfp4(parts):
+        return math.ceil(sum(parts.values()) / 32) * 17
+
+    def naive_4bit(parts):
+        return sum(parts.values()) // 2
+
+    def no_scales(parts):
+        return parts["routed_experts"] // 2 + (sum(parts.values()) - parts["routed_experts"]) * 2
+
+    fails_with(checks.check_release_bytes, all_mxfp4, "everything in MXFP4", "stay BF16")
+    fails_with(checks.check_release_bytes, naive_4bit, "naive '1.4 TB'")
+    fails_with(checks.check_release_bytes, no_scales, "forgot the MXFP4 scales")
+
+
+def test_ep_bytes_mistakes_are_named():
+    def full_width(cfg):
+        d, k = cfg.hidden_size, cfg.top_k
+        return k * (d + math.ceil(d / 32)) + k * d * 2
+
+    def no_scales(cfg):
+        return cfg.top_k * cfg.latent_dim * 3
+
+    def dispatch_only(cfg):
+        w, k = cfg.latent_dim, cfg.top_k
+        return k * (w + math.ceil(w / 32))
+
+    fails_with(checks.check_ep_bytes, full_width, "full-width x", "latent_dim = 3584")
+    fails_with(checks.check_ep_bytes, no_scales, "dispatch scales")
+    fails_with(checks.check_ep_bytes, dispatch_only, "both directions")
+
+
+# ---------------------------------------------------------------------------- lesson 6
+
+
+def test_sublayer_order_mistakes_are_named():
+    def every_fourth_only(cfg):
+        order = ["embed"]
+        for i in range(cfg.num_layers):
+            order += ["mla" if (i + 1) % 4 == 0 else "kda", "dense" if i < cfg.first_k_dense else "moe"]
+        return order + ["head"]
+
+    def all_moe(cfg):
+        return ["embed"] + [x for kind in cfg.layer_kinds for x in (kind, "moe")] + ["head"]
+
+    def no_ends(cfg):
+        return solutions.sublayer_order(cfg)[1:-1]
+
+    fails_with(checks.check_sublayer_order, every_fourth_only, "last layer is always MLA")
+    fails_with(checks.check_sublayer_order, all_moe, "dense MLP")
+    fails_with(checks.check_sublayer_order, no_ends, "missing ['embed', 'head']")
+
+
+def test_num_sources_mistakes_are_named():
+    def no_partial(cfg, layer, site):
+        S = 1 if cfg.residual == "full" else cfg.attnres_block_size
+        return 1 + (2 * layer + (site == "mlp")) // S
+
+    def full(cfg, layer, site):
+        return 1 + 2 * layer + (site == "mlp")
+
+    fails_with(checks.check_num_sources, no_partial, "forgot the partial sum")
+    fails_with(checks.check_num_sources, full, "Full AttnRes")
+
+
+# ---------------------------------------------------------------------------- workshop helpers
+
+
+def test_try_exercise_reports_each_outcome(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    workshop.try_exercise(checks.check_mxfp4_bytes, stub)
+    out = capsys.readouterr().out
+    assert "not done yet" in out and "17 B" not in out.split("expects:")[0] and "E8M0" in out
+
+    workshop.try_exercise(checks.check_mxfp4_bytes, lambda r, c: r * c // 2)
+    assert "✗ check_mxfp4_bytes: not yet right" in capsys.readouterr().out
+
+    workshop.try_exercise(checks.check_mxfp4_bytes, solutions.mxfp4_bytes)
+    assert "✓ check_mxfp4_bytes passed" in capsys.readouterr().out
+
+
+def test_instructor_mode_comes_from_the_environment(monkeypatch):
+    import importlib
+
+    try:
+        monkeypatch.setenv("TINY_K3_SOLUTIONS", "1")
+        assert importlib.reload(workshop).SOLUTIONS is True
+        monkeypatch.delenv("TINY_K3_SOLUTIONS")
+        assert importlib.reload(workshop).SOLUTIONS is False
+    finally:
+        workshop.use_solutions(False)
+
+
+def test_exercise_decorator_swaps_in_the_solution_only_in_instructor_mode():
+    try:
+        workshop.use_solutions(False)
+
+        @workshop.exercise("mxfp4_bytes")
+        def mine(rows, cols):
+            raise NotImplementedError
+
+        with pytest.raises(NotImplementedError):
+            mine(1, 32)
+        workshop.use_solutions(True)
+
+        @workshop.exercise("mxfp4_bytes")
+        def mine(rows, cols):  # noqa: F811
+            raise NotImplementedError
+
+        assert mine(1, 32) == 17 and mine.is_reference_solution
+    finally:
+        workshop.use_solutions(False)

@@ -1,0 +1,169 @@
+"""Every lesson runs top to bottom in a real Jupyter kernel, in the learner's mode and the instructor's.
+
+Each lesson (a jupytext py:percent file) is read with jupytext and executed with nbclient in a fresh
+`python3` kernel (jupyter_client starts it with this interpreter). First the whole notebook runs as a
+learner sees it (TINY_K3_SOLUTIONS unset: every exercise prints "not done yet"); then, in the same
+kernel, instructor mode is switched on and the exercise cells run again with the reference solutions
+(every check must pass). Two kernels run at a time (two cores). A cell may take at most CELL_TIMEOUT
+seconds; each lesson's wall time is printed (pytest -s) and a lesson over LESSON_BUDGET_S is flagged
+with a warning (timings are not asserted: they depend on the machine's load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+jupytext = pytest.importorskip("jupytext")
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = ROOT / "lessons"
+EXPECTED = ["01_sixteen_of_896.py", "02_delta_rule.py", "03_memory_that_does_not_grow.py",
+            "04_attention_residuals.py", "05_serving_economics.py", "06_walk_one_token.py"]
+CELL_TIMEOUT = 30          # seconds per cell: a hang guard
+LESSON_BUDGET_S = 30.0     # the target per lesson on 2 cores (reported, not asserted)
+WORKERS = 2
+
+
+def _outputs_text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return "".join(parts)
+
+
+def _slider_outputs(nb) -> list[list[dict]]:
+    """The outputs captured by each ipywidgets Output widget (the step_slider's show_step calls)."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return [m["state"].get("outputs", []) for m in state.values() if m.get("model_name") == "OutputModel"]
+
+
+def _is_exercise(cell) -> bool:
+    return cell.cell_type == "code" and "exercise" in cell.metadata.get("tags", [])
+
+
+async def _execute(path: Path) -> dict:
+    """Run one lesson: learner mode top to bottom, then the exercise cells again in instructor mode."""
+    nb = jupytext.read(path)
+    exercises = [c for c in nb.cells if _is_exercise(c)]
+    n_learner = len(nb.cells)
+    env = {k: v for k, v in os.environ.items() if k not in ("TINY_K3_SOLUTIONS", "MPLBACKEND")}
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=False,
+                                     resources={"metadata": {"path": str(LESSONS)}})
+    result = {"nb": nb, "n_learner": n_learner, "error": None, "seconds": None, "exercises": len(exercises)}
+    start = time.perf_counter()
+    try:
+        async with client.async_setup_kernel(env=env):
+            for index, cell in enumerate(list(nb.cells)):
+                await client.async_execute_cell(cell, index)
+            result["seconds"] = time.perf_counter() - start
+            nb.cells.append(nbformat.v4.new_code_cell("import workshop\nworkshop.use_solutions(True)"))
+            for cell in exercises:
+                nb.cells.append(nbformat.v4.new_code_cell(cell.source, metadata={"tags": ["exercise", "instructor"]}))
+            for index in range(n_learner, len(nb.cells)):
+                await client.async_execute_cell(nb.cells[index], index)
+            client.set_widgets_metadata()      # the slider's Output widget: what show_step drew (or raised)
+    except Exception as exc:  # CellExecutionError, a timeout, a dead kernel: the lesson's test reports it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def executed() -> dict:
+    present = [LESSONS / name for name in EXPECTED if (LESSONS / name).exists()]
+    results: dict = {}
+
+    async def run_all():
+        gate = asyncio.Semaphore(WORKERS)
+
+        async def one(path):
+            async with gate:
+                results[path.name] = await _execute(path)
+
+        await asyncio.gather(*(one(p) for p in present))
+
+    asyncio.run(run_all())
+    print("\nlesson wall times (learner mode, kernel start included):")
+    for name in EXPECTED:
+        if name in results and results[name]["seconds"] is not None:
+            print(f"  {name:36s} {results[name]['seconds']:5.1f} s")
+    return results
+
+
+def test_every_lesson_and_the_workshop_files_exist():
+    missing = [n for n in EXPECTED + ["README.md", "checks.py", "workshop.py", "setup_check.py",
+                                      "solutions/__init__.py"] if not (LESSONS / n).exists()]
+    assert not missing, f"missing in lessons/: {missing}"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_lesson_is_a_jupytext_percent_file_with_the_parts_a_lesson_needs(name):
+    text = (LESSONS / name).read_text()
+    assert text.startswith("# ---\n# jupyter:\n#   jupytext:") and "format_name: percent" in text
+    assert "# %% [markdown]" in text
+    assert re.search(r"^def show_step\(", text, re.M), "a plain show_step(i) stepping helper"
+    assert "step_slider(show_step" in text, "wrapped by the ipywidgets slider"
+    nb = jupytext.read(LESSONS / name)
+    n = sum(_is_exercise(c) for c in nb.cells)
+    assert 2 <= n <= 4, f"{name} has {n} exercise cells; a lesson has 2-4"
+    for cell in nb.cells:
+        if _is_exercise(cell):
+            assert "@exercise(" in cell.source and "raise NotImplementedError" in cell.source
+            assert "try_exercise(" in cell.source
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_lesson_runs_top_to_bottom_for_learners_and_instructors(executed, name):
+    if name not in executed:
+        pytest.fail(f"lessons/{name} is missing")
+    result = executed[name]
+    assert result["error"] is None, f"{name} raised while executing:\n{result['error']}"
+    nb, n_learner = result["nb"], result["n_learner"]
+    learner, instructor = nb.cells[:n_learner], nb.cells[n_learner:]
+
+    images = sum("image/png" in out.get("data", {}) for c in learner if c.cell_type == "code"
+                 for out in c.get("outputs", []))
+    assert images >= 1, f"{name} drew no figure"
+    for cell in learner:
+        if cell.cell_type == "code" and not _is_exercise(cell):
+            assert cell.get("outputs") or cell.source.lstrip().startswith(("def ", "@", "import", "from")), \
+                f"a code cell of {name} produced no output:\n{cell.source[:200]}"
+
+    sliders = _slider_outputs(nb)
+    assert sliders and all(sliders), f"{name}: the step_slider drew nothing"
+    errors = [o for outs in sliders for o in outs if o.get("output_type") == "error"]
+    assert not errors, f"{name}: show_step raised inside the slider: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+
+    learner_ex = [c for c in learner if _is_exercise(c)]
+    for cell in learner_ex:
+        text = _outputs_text(cell)
+        assert "not done yet — here is what the check expects" in text, text
+    instructor_ex = [c for c in instructor if _is_exercise(c)]
+    assert len(instructor_ex) == len(learner_ex) == result["exercises"]
+    for cell in instructor_ex:
+        text = _outputs_text(cell)
+        assert "instructor mode" in text and " passed: " in text, text
+        assert "not done yet" not in text and "✗" not in text, text
+
+    if result["seconds"] > LESSON_BUDGET_S:
+        warnings.warn(f"{name} took {result['seconds']:.1f} s (target {LESSON_BUDGET_S:.0f} s on 2 cores)")
+
+
+def test_setup_check_passes(capsys):
+    sys.path.insert(0, str(LESSONS))
+    import setup_check
+
+    assert setup_check.main() == 0, capsys.readouterr().out
+    assert "All set" in capsys.readouterr().out
