@@ -35,6 +35,7 @@ from tiny_k3.weights import CheckpointError, available_pretrained
 
 from .frame import (DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord,
                     SublayerView)
+from .memory import _count
 
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
 RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost): going back a little replays nothing
@@ -225,16 +226,6 @@ def _build_models(config: K3Config, weights: str, seed: int, device: torch.devic
             twin_model, twin_source = _random_model(config.twin(), seed, device), "random"
         twin_model.eval()
     return model.eval(), source, twin_model, twin_source
-
-
-def _count(value, what: str) -> int:
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{what} must be a non-negative integer, got {value!r}.") from None
-    if n < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {n}.")
-    return n
 
 
 def _temperature(value) -> float:
