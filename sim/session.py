@@ -30,13 +30,14 @@ from tiny_k3.cache import KDAState, MLACache, ModelCache
 from tiny_k3.config import K3Config
 from tiny_k3.model import TinyK3, resolve_device
 from tiny_k3.probe import Recorder
-from tiny_k3.tokenizer import decode, encode, token_text
+from tiny_k3.tokenizer import EOS, decode, encode, token_text
 from tiny_k3.weights import CheckpointError, available_pretrained
 
 from .frame import (DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord,
                     SublayerView)
 from .memory import _count
 
+NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
 RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost): going back a little replays nothing
 WEIGHTS = ("auto", "trained", "random")
@@ -287,7 +288,7 @@ class Simulation:
             self.config, weights, self.seed, self.device, twin)
 
         self._frames: list[Frame] = []
-        self._logits: list[np.ndarray] = []          # [vocab] float32 per frame: a changed choice resamples these
+        self._logits: list[np.ndarray] = []          # [NUM_TOKENS] float32 per frame: a changed choice resamples these
         self._cache = ModelCache(self.config.num_layers)
         self._twin_cache = ModelCache(self.config.num_layers)
         self._snapshots: dict[int, dict[int, KDAState]] = {}   # tokens seen -> {KDA layer: state after them}
@@ -436,7 +437,7 @@ class Simulation:
         return i
 
     def _token(self, token) -> int:
-        vocab = self.config.vocab_size
+        vocab = NUM_TOKENS
         if isinstance(token, str):
             ids = encode(token, bos=False)
             if len(ids) != 1:
@@ -482,7 +483,8 @@ class Simulation:
             twin_ms = 1e3 * (time.perf_counter() - t1)
         rec = recorder.finish()
 
-        logits = rec["logits"]
+        # Ids past EOS are padding rows of the embedding (vocab 512 > 258 tokens): never offer them.
+        logits = rec["logits"][:NUM_TOKENS]
         chosen = self._choose(logits, position, choice)
         top_ids, top_probs = top_tokens(logits)
         frame = Frame(
