@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -9,8 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# Two cores: keep torch from oversubscribing them when pytest runs things side by side.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# The tests run many tiny ops: one thread avoids synchronisation stalls (and CI has two cores).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ rule (kda.md §1):
 
 `kda_recurrent` is that definition, token by token. `kda_chunked` computes the same thing a chunk
 at a time with the WY/UT form (kda.md §2): everything inside a chunk is a few batched matmuls and
-one triangular solve, and only the state is carried from chunk to chunk. `KDALayer` wraps it with
+a triangular inverse, and only the state is carried from chunk to chunk. `KDALayer` wraps it with
 the projections, short convolutions, gates and output norm of Kimi Linear / K3 (kda.md §3).
 
 Layout (fla, time-major): q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; state [B,H,K,V].
@@ -103,8 +103,11 @@ def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 
 # ---------------------------------------------------------------------------- chunked form
+_SUB_CHUNK = 16  # sub-chunk length for chunks whose decay is too strong to factor at once (fla also uses 16)
+
+
 def _max_safe_spread(dtype: torch.dtype) -> float:
-    """The widest range of Γ (per channel, within a chunk) that the factored products can take.
+    """The widest range of Γ (one key channel, one chunk) that the factored products can take.
 
     Factored, each factor is exp(±(Γ - ref)) with ref mid-range, so at most exp(spread / 2), about
     exp(40) in float32. The kept (i <= r) products are true values exp(Γ_r - Γ_i) <= 1.
@@ -112,41 +115,86 @@ def _max_safe_spread(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).max) - 8.0
 
 
-def _explicit_products(a: torch.Tensor, k: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """Σ_d a_rd k_id exp(Γ_rd - Γ_id) with the decay formed pair by pair: a, k, G [n,C,K] -> [n,C,C].
+def _chunk_products(rows: tuple[torch.Tensor, ...], k: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
+    """Decayed products inside each chunk (kda.md §2): for each x in rows, Σ_d x_rd k_id e^(Γ_rd - Γ_id).
 
-    Safe for any decay (i > r is masked *before* the exp, kda.md §2 Numerics) but builds [n,C,C,K].
+    rows: tensors [M, C, K] (here β⊙K and Q); k, G [M, C, K]. Returns one [M, C, C] per row tensor;
+    only the entries i <= r are meaningful (the caller keeps the lower triangle).
+
+    Fast path: e^(Γ_r - Γ_i) = e^(Γ_r - ref) e^(ref - Γ_i), so each sum is one matmul per chunk; with
+    ref in the middle of Γ's range the factors stay finite while that range is below
+    `_max_safe_spread`. Chunks with a faster-decaying channel go through `_split_products`.
     """
-    C = G.shape[-2]
-    later = torch.ones(C, C, dtype=torch.bool, device=G.device).triu(1)    # i > r
-    diff = G.unsqueeze(-2) - G.unsqueeze(-3)                                # [n, r, i, K] = Γ_r - Γ_i
-    decay = diff.masked_fill(later.unsqueeze(-1), float("-inf")).exp()      # exp(-inf) = 0: never overflows
-    return torch.einsum("nrid,nrd,nid->nri", decay, a, k)
-
-
-def _chunk_products(q: torch.Tensor, k: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decayed key-key and query-key products inside each chunk (kda.md §2). q, k, G [..., C, K].
-
-    Returns (Σ_d k_rd k_id e^(Γ_rd - Γ_id), Σ_d q_rd k_id e^(Γ_rd - Γ_id)), each [..., C, C]; only the
-    entries i <= r are meaningful (the caller keeps the lower triangle).
-
-    Fast path: e^(Γ_r - Γ_i) = e^(Γ_r - ref) e^(ref - Γ_i), so each is one matmul per chunk. With ref
-    in the middle of Γ's range the factors stay finite while that range is below `_max_safe_spread`;
-    chunks with a wider range (very strong decay) are redone pair by pair.
-    """
-    hi, lo = G.amax(-2, keepdim=True), G.amin(-2, keepdim=True)
+    hi, lo = G.amax(-2, keepdim=True), G.amin(-2, keepdim=True)          # [M, 1, K]
     ref = ((hi + lo) / 2).detach()  # the exact result does not depend on ref: no gradient through it
-    up = (G - ref).exp()
-    k_down = (k * up.reciprocal()).transpose(-1, -2)
-    kk, qk = (k * up) @ k_down, (q * up) @ k_down
-    unsafe = ((hi - lo).amax(-1).squeeze(-1) > _max_safe_spread(G.dtype)).nonzero()
-    if len(unsafe):
-        C, K = G.shape[-2:]
-        for part in unsafe.split(max(1, (1 << 22) // (C * C * K))):   # bound the [n,C,C,K] temporary
-            idx = tuple(part.T)
-            kk = kk.index_put(idx, _explicit_products(k[idx], k[idx], G[idx]))
-            qk = qk.index_put(idx, _explicit_products(q[idx], k[idx], G[idx]))
-    return kk, qk
+    bad = (hi - lo).detach().amax(-1).squeeze(-1) > _max_safe_spread(G.dtype)   # [M]
+    if not bad.any():
+        return _factored_products(rows, k, G, ref)
+    M, C, _ = G.shape
+    out = [k.new_zeros(M, C, C) for _ in rows]
+    good, bad = (~bad).nonzero().squeeze(-1), bad.nonzero().squeeze(-1)
+    for idx, part in [(good, _factored_products([x[good] for x in rows], k[good], G[good], ref[good])),
+                      (bad, _split_products([x[bad] for x in rows], k[bad], G[bad]))]:
+        for o, p in zip(out, part):
+            o[idx] = p
+    return out
+
+
+def _factored_products(rows, k, G, ref) -> list[torch.Tensor]:
+    up = (G - ref).exp()                                       # e^(Γ_r - ref)
+    k_down = (k * up.reciprocal()).transpose(-1, -2)           # k_i e^(ref - Γ_i), as [K, C]
+    return [(x * up) @ k_down for x in rows]
+
+
+def _split_products(rows, k: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
+    """`_chunk_products` for chunks whose decay is too strong to factor in one piece (g <= 0 assumed).
+
+    Between 16-token sub-chunks, factor at E_j = Γ at the end of the earlier sub-chunk j: for i in j
+    and r after it, e^(Γ_r - Γ_i) = e^(Γ_r - E_j) e^(E_j - Γ_i) with both factors <= 1, always safe.
+    Inside a sub-chunk: `_chunk_products` again, and pair by pair where even that range is too
+    wide, masking i > r *before* the exp (kda.md §2, Numerics).
+    """
+    M, C, K = G.shape
+    s = _SUB_CHUNK
+    if C <= s or C % s:
+        later = torch.ones(C, C, dtype=torch.bool, device=G.device).triu(1)     # i > r
+        decay = (G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill(later.unsqueeze(-1), float("-inf")).exp()
+        decay_k = decay * k.unsqueeze(-3)                                       # [M, r, i, K]
+        return [torch.einsum("mrid,mrd->mri", decay_k, x) for x in rows]
+    nb = C // s
+    E = G[:, s - 1::s].detach()                                                 # [M, nb, K]: Γ at sub-chunk ends
+    after = torch.arange(C, device=G.device) // s > torch.arange(nb, device=G.device).unsqueeze(-1)  # [nb, C]
+    decay_r = (G.unsqueeze(1) - E.unsqueeze(2)).masked_fill(~after.unsqueeze(-1), float("-inf")).exp()
+    cols = (k.view(M, nb, s, K) * (E.unsqueeze(2) - G.view(M, nb, s, K)).exp()).transpose(-1, -2)
+    out = [((x.unsqueeze(1) * decay_r) @ cols)                                # [M, nb (j), C (r), s (i in j)]
+           .permute(0, 2, 1, 3).reshape(M, C, C) for x in rows]               # zero on and above the diagonal blocks
+    inside = _chunk_products([x.reshape(M * nb, s, K) for x in rows], k.reshape(M * nb, s, K), G.reshape(M * nb, s, K))
+    for o, block in zip(out, inside):                                          # the diagonal blocks
+        o.view(M, nb, s, nb, s).diagonal(dim1=1, dim2=3).copy_(block.view(M, nb, s, s).permute(0, 2, 3, 1))
+    return out
+
+
+def _unit_lower_inverse(A: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """(I + A)^-1 for strictly lower-triangular A [M, C, C] (the UT transform's inverse, kda.md §2).
+
+    Block forward substitution: all 16x16 diagonal blocks D_j in one batched triangular solve, then
+    row block j is X[j, :j] = -D_j^-1 A[j, :j] X[:j, :j] by matmuls. Same result as one C x C solve
+    (unitriangular=True reads A's zero diagonal as ones), faster on CPU. Built out of place for autograd.
+    """
+    M, C, _ = A.shape
+    if C <= block or C % block:
+        eye = torch.eye(C, dtype=A.dtype, device=A.device).expand(M, C, C)
+        return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
+    nb = C // block
+    diagonal = A.view(M, nb, block, nb, block).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [M, nb, s, s]
+    eye = torch.eye(block, dtype=A.dtype, device=A.device).expand_as(diagonal)
+    D = torch.linalg.solve_triangular(diagonal, eye, upper=False, unitriangular=True)
+    inverse = D[:, 0]                                          # inverse of the leading a x a block
+    for j in range(1, nb):
+        a, b = j * block, (j + 1) * block
+        row = torch.cat([-D[:, j] @ (A[:, a:b, :a] @ inverse), D[:, j]], -1)   # rows a..b-1, columns 0..b-1
+        inverse = torch.cat([F.pad(inverse, (0, block)), row], -2)
+    return inverse
 
 
 def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
@@ -154,9 +202,13 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
                 output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same arguments and result as `kda_recurrent`, computed a chunk at a time (WY/UT form, kda.md §2).
 
-    Everything that does not depend on the incoming state is computed for all chunks at once;
-    the loop over chunks only carries the state. T need not be a multiple of chunk_size: the tail
-    is padded with k = v = beta = 0 and g = 0 (no write, no decay), and the padding is dropped.
+    For a chunk of C tokens with starting state S0 and inclusive in-chunk cumsum Γ of g:
+        A = strict_tril(β_r Σ_d k_rd k_id e^(Γ_rd-Γ_id)),  P = tril(Σ_d q_rd k_id e^(Γ_rd-Γ_id))
+        W = (I+A)^-1 Diag(β) (K ⊙ e^Γ),  U0 = (I+A)^-1 Diag(β) V,  U = U0 - W S0
+        O = (Q ⊙ e^Γ) S0 + P U,   S_C = Diag(e^Γ_C) S0 + (K ⊙ e^(Γ_C - Γ))^T U
+    Everything but U, O and S_C is computed for all chunks at once; the loop over chunks carries
+    only the state. T need not be a multiple of chunk_size: the tail is padded with k = v = beta = 0
+    and g = 0 (no write, no decay), and the padding is dropped.
     """
     B, T, H, K, V = _check_inputs("kda_chunked", q, k, v, g, beta, initial_state)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -166,37 +218,44 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
                              output_final_state=output_final_state)
     scale = K ** -0.5 if scale is None else scale
     out_dtype, dtype = q.dtype, _compute_dtype(q, k, v, g, beta, initial_state)
-    C = chunk_size
-    N = -(-T // C)
+    C, N, BH = chunk_size, -(-T // chunk_size), B * H
 
     def chunks(x: torch.Tensor) -> torch.Tensor:
-        """[B,T,H,...] -> chunk-major [N, B*H, C, ...], zero-padded tail, so that chunk n is contiguous."""
-        x = F.pad(x.unsqueeze(-1), (0, 0) * (x.dim() - 1) + (0, N * C - T))  # unsqueeze: beta gets a last dim too
-        x = x.view(B, N, C, H, -1).permute(1, 0, 3, 2, 4)
-        return x.to(dtype).reshape(N, B * H, C, -1)
+        """[B,T,H,...] -> chunk-major [N*B*H, C, ...] (one copy, zero-padded tail): chunk n is contiguous."""
+        x = x.unsqueeze(-1)                                     # beta gets a last dim too
+        if N * C > T:
+            x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, N * C - T))
+        x = x.reshape(B, N, C, H, -1).permute(1, 0, 3, 2, 4)
+        return x.to(dtype).reshape(N * BH, C, -1)
 
-    q, k, v, g, beta = chunks(q), chunks(k), chunks(v), chunks(g), chunks(beta)   # beta [N, BH, C, 1]
-    G = g.cumsum(-2)                                        # Γ_r = g_1 + ... + g_r, inclusive, per chunk
-    kk, qk = _chunk_products(q, k, G)
-    A = kk.tril(-1) * beta                                  # A[r,i] = β_r Σ_d k_rd k_id e^(Γ_rd - Γ_id), i < r
-    P = qk.tril()                                           # P[r,i] = Σ_d q_rd k_id e^(Γ_rd - Γ_id), i <= r
-    # UT transform T = (I + A)^-1 Diag(β); W = T (K ⊙ e^Γ) and U0 = T V in one triangular solve.
-    # unitriangular=True reads A's (zero) diagonal as ones, i.e. solves with I + A.
-    rhs = torch.cat([k * G.exp(), v], -1) * beta
-    W, U0 = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([K, V], -1)
-    G_end = G[..., -1:, :]                                  # Γ_C: the decay over the whole chunk
-    q_in = q * G.exp()                                      # queries read the chunk-start state S0 decayed to r
-    k_out = (k * (G_end - G).exp()).transpose(-1, -2)       # [K, C]: writes decayed to the chunk end
-    decay = G_end.transpose(-1, -2).exp()                   # [K, 1]: rows of S0 decayed to the chunk end
+    q, k, v, g, beta = chunks(q), chunks(k), chunks(v), chunks(g), chunks(beta)   # beta [M, C, 1]
+    G = g.cumsum(-2)                                          # Γ_r = g_1 + ... + g_r, per chunk
+    k_beta = k * beta
+    A, P = _chunk_products((k_beta, q), k, G)
+    A = A.tril(-1)                                            # A[r,i] = β_r Σ_d k_rd k_id e^(Γ_rd - Γ_id), i < r
+    P = P.tril()                                              # P[r,i] = Σ_d q_rd k_id e^(Γ_rd - Γ_id), i <= r
+    T_inv = _unit_lower_inverse(A)                            # UT transform: (I + A)^-1
+    eG = G.exp()
+    W = T_inv @ (k_beta * eG)                                 # W = (I+A)^-1 Diag(β) (K ⊙ e^Γ)
+    U0 = T_inv @ (v * beta)                                   # U0 = (I+A)^-1 Diag(β) V
+    q_in = q * eG                                             # queries read S0 decayed to their position
+    G_end = G[:, -1:]                                         # Γ_C: the decay over the whole chunk
+    k_out = (k * (G_end - G).exp()).transpose(-1, -2)         # [K, C]: writes decayed to the chunk end
+    decay = G_end.transpose(-1, -2).exp()                     # [K, 1]: rows of S0 decayed to the chunk end
 
-    S = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V)
-    outputs = []
+    # The only sequential part: carry S across chunks (2 matmuls per chunk), keeping S0 and U of each.
+    W, U0, k_out, decay = (t.view(N, BH, *t.shape[1:]) for t in (W, U0, k_out, decay))
+    S = q.new_zeros(BH, K, V) if initial_state is None else initial_state.to(dtype).reshape(BH, K, V)
+    starts, news = [], []
     for n in range(N):
-        U = torch.baddbmm(U0[n], W[n], S, alpha=-1)          # new values U = U0 - W S0: v minus what S0 predicts
-        outputs.append(torch.baddbmm(q_in[n] @ S, P[n], U))  # O = (Q ⊙ e^Γ) S0 + P U
-        S = torch.baddbmm(decay[n] * S, k_out[n], U)         # S_C = Diag(e^Γ_C) S0 + (K ⊙ e^(Γ_C - Γ))^T U
-    o = torch.stack(outputs).view(N, B, H, C, V).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :T]
-    return (o * scale).to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
+        U = torch.baddbmm(U0[n], W[n], S, alpha=-1)           # U = U0 - W S0: v minus what S0 predicts
+        starts.append(S)
+        news.append(U)
+        S = torch.baddbmm(decay[n] * S, k_out[n], U)          # S_C = Diag(e^Γ_C) S0 + (K ⊙ e^(Γ_C-Γ))^T U
+    S0, U = torch.stack(starts).view(-1, K, V), torch.stack(news).view(-1, C, V)
+    o = torch.baddbmm(q_in @ S0, P, U, beta=scale, alpha=scale)  # O = scale ((Q ⊙ e^Γ) S0 + P U)
+    o = o.view(N, B, H, C, V).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :T]
+    return o.to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
 
 
 # ---------------------------------------------------------------------------- layer
@@ -265,11 +324,14 @@ class KDALayer(nn.Module):
         full = torch.cat([tail, x], 1)                                        # [B, W-1+T, C]
         weight = torch.cat([self.q_conv.weight, self.k_conv.weight, self.v_conv.weight], 0)  # [C, 1, W]
         out = F.conv1d(full.transpose(1, 2), weight, groups=C).transpose(1, 2)  # no padding: exactly T outputs
-        return out, full[:, full.shape[1] - (self.conv_kernel - 1):]
+        return out, full[:, full.shape[1] - (self.conv_kernel - 1):].clone()  # clone: don't pin all of `full`
 
     def forward(self, x: torch.Tensor, cache: KDAState | None = None, recorder=None,
                 layer: int = 0) -> tuple[torch.Tensor, KDAState]:
         """x [B,T,D] -> (y [B,T,D], the KDAState after these T tokens). cache: the state before them, or None."""
+        if x.dim() != 3 or x.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"KDALayer: x must have shape [B, T, D] with D = hidden_size = "
+                             f"{self.config.hidden_size}, got {list(x.shape)}.")
         B, T, D = x.shape
         H, K, V = self.num_heads, self.head_k_dim, self.head_v_dim
         C = 2 * H * K + H * V
@@ -278,16 +340,16 @@ class KDALayer(nn.Module):
             raise ValueError(f"KDA cache must hold state [B, H, K, V] = {[B, H, K, V]} and conv "
                              f"[B, W-1, C] = {[B, self.conv_kernel - 1, C]}, got {list(cache.state.shape)} "
                              f"and {list(cache.conv.shape)}.")
-        fp = _compute_dtype(x)  # gates, beta, state and the output norm: float32 (float64 for float64 x)
+        fp = _compute_dtype(x)  # q,k,v after the conv, gates, state, output norm: float32 (float64 for float64 x)
 
         projected = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
         mixed, conv_tail = self._short_conv(projected, cache)
-        q, k, v = F.silu(mixed).split([H * K, H * K, H * V], -1)
-        # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel).
-        q, k = (t.view(B, T, H, K) for t in (q, k))
+        q, k, v = F.silu(mixed).to(fp).split([H * K, H * K, H * V], -1)
+        # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in float32.
+        q, k = (t.reshape(B, T, H, K) for t in (q, k))
         q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
         k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
-        v = v.view(B, T, H, V)
+        v = v.reshape(B, T, H, V)
         g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(B, T, H, K), self.A_log, self.dt_bias, self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x).to(fp))
 
@@ -302,6 +364,7 @@ class KDALayer(nn.Module):
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         o = o.to(fp)
         gate = self.g_proj(x).view(B, T, H, V).to(fp)
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm_weight.to(fp) * torch.sigmoid(gate)
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm_weight.to(fp)
+        o = o * torch.sigmoid(gate)
         y = self.o_proj(o.to(x.dtype).reshape(B, T, H * V))
         return y, KDAState(state=state.to(fp), conv=conv_tail)
