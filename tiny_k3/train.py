@@ -93,7 +93,9 @@ def shipped_state(model: TinyK3) -> dict[str, torch.Tensor]:
     """The state dict as stored: matrices in bfloat16, vectors (and anything not floating) as they are."""
     def store(t: torch.Tensor) -> torch.Tensor:
         t = t.detach().cpu()
-        return t.to(torch.bfloat16) if t.is_floating_point() and t.dim() >= 2 else t.float() if t.is_floating_point() else t
+        if not t.is_floating_point():
+            return t
+        return t.to(torch.bfloat16) if t.dim() >= 2 else t.float()
     return {name: store(t) for name, t in model.state_dict().items()}
 
 
@@ -156,7 +158,8 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int = 8, seq_le
     if seed == EVAL_SEED:
         raise ValueError(f"seed {EVAL_SEED} is reserved for the held-out text; pick another seed.")
     if seq_len + 1 > config.max_seq_len:
-        raise ValueError(f"seq_len {seq_len} (+ BOS) is longer than preset {config.name!r} allows ({config.max_seq_len}).")
+        raise ValueError(f"seq_len {seq_len} (+ BOS) is longer than preset {config.name!r} allows "
+                         f"({config.max_seq_len}).")
     torch.manual_seed(seed)
     model = TinyK3(config, device=device)
     data = corpus_rows(steps * batch, seq_len, seed).to(model.device)

@@ -1,0 +1,204 @@
+"""What training bought: the shipped checkpoints against fresh weights, and the ablations against them.
+
+    python bench/bench_trained.py [--rows 48] [--lines 48] [--ablation-steps 200] [--runs runs]
+
+1. Held-out loss (nats per byte) of the trained hybrid and its all-softmax twin vs fresh weights.
+2. Expert specialisation: mutual information I(class; expert) in bits between a token's class (digit,
+   operator, letter, bracket, space) and each expert it is routed to, per MoE layer, trained vs fresh;
+   and the load balance: coefficient of variation (std / mean) of the tokens per expert, with the bias
+   updates and without them: two short runs trained here with the same seed, steps and data.
+3. Recall: "ka=41; mo=37; key=52; <filler> | mo=" -> is "37" the argmax, digit by digit (teacher forced)?
+   Accuracy per distance (tokens from the defined value to the asked one), hybrid vs twin.
+4. Attention Residuals (block) vs the standard residual: held-out loss curves of short runs trained here
+   with the same seed, steps and data; and, when `--runs` holds them, the logs of full-schedule runs
+   (python -m tiny_k3.train --preset small --steps 2000 --seed 0 --threads 1 --out runs --residual standard,
+   logged to runs/logs/small-standard.log next to runs/logs/small.log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import random
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tiny_k3 import K3Config, TinyK3  # noqa: E402
+from tiny_k3.corpus import CLASSES, LETTERS, filler, recall_line, token_class  # noqa: E402
+from tiny_k3.probe import Recorder  # noqa: E402
+from tiny_k3.tokenizer import encode  # noqa: E402
+from tiny_k3.train import EVAL_SEED, corpus_rows, evaluate, train  # noqa: E402
+
+KEPT_CLASSES = [CLASSES.index(c) for c in ("digit", "operator", "letter", "bracket", "space")]
+
+
+class RoutingLog(Recorder):
+    """Keeps the chosen expert ids [B, T, k] of every MoE layer."""
+
+    def __init__(self):
+        self.ids: dict[int, list[torch.Tensor]] = {}
+
+    def record(self, event, layer, **data):
+        if event == "moe":
+            self.ids.setdefault(layer, []).append(data["expert_ids"])
+
+
+@torch.no_grad()
+def routing(model: TinyK3, rows: torch.Tensor, batch: int = 8) -> dict[int, torch.Tensor]:
+    """layer -> expert ids [N, T, k] for the input tokens rows[:, :-1]."""
+    log = RoutingLog()
+    for i in range(0, len(rows), batch):
+        model(rows[i:i + batch, :-1], recorder=log)
+    return {layer: torch.cat(ids) for layer, ids in log.ids.items()}
+
+
+def mutual_information(classes: torch.Tensor, ids: torch.Tensor, num_experts: int) -> float:
+    """I(C; E) in bits over (token, slot) pairs; classes [N, T], ids [N, T, k]; only KEPT_CLASSES count."""
+    keep = torch.isin(classes, torch.tensor(KEPT_CLASSES))
+    c = classes[keep].repeat_interleave(ids.shape[-1])
+    e = ids[keep].reshape(-1)
+    joint = torch.bincount(c * num_experts + e, minlength=len(CLASSES) * num_experts).double()
+    p = (joint / joint.sum()).view(len(CLASSES), num_experts)
+    outer = p.sum(1, keepdim=True) * p.sum(0, keepdim=True)
+    nz = p > 0
+    return float((p[nz] * (p[nz] / outer[nz]).log2()).sum())
+
+
+def class_entropy(classes: torch.Tensor) -> float:
+    c = classes[torch.isin(classes, torch.tensor(KEPT_CLASSES))]
+    p = torch.bincount(c).double()
+    p = p[p > 0] / p.sum()
+    return float(-(p * p.log2()).sum())
+
+
+def load_cv(ids: torch.Tensor, num_experts: int) -> float:
+    load = torch.bincount(ids.reshape(-1), minlength=num_experts).double()
+    return float(load.std(unbiased=False) / load.mean())
+
+
+def recall_probes(filler_chars: int, n: int, seed: int) -> tuple[torch.Tensor, list[int], list[int]]:
+    """n lines with 3 pairs (2-digit values), filler, then one of the keys asked after the mark.
+
+    Returns tokens [n, L] (BOS, the line, padded with newlines: causal, so padding cannot leak back),
+    the token index of the asked value's first digit, and its distance from the defined value.
+    """
+    rng = random.Random(seed)
+    rows, where, distance = [], [], []
+    for _ in range(n):
+        keys = rng.sample([a + b for a in LETTERS for b in LETTERS], 3)
+        pairs = [(k, rng.randint(10, 99)) for k in keys]
+        asked = rng.choice(pairs)
+        line = recall_line(rng, pairs, filler_chars, [asked]) + ";"
+        line = line[: line.rindex("=") + 1] + f"{asked[1]};"
+        tokens = encode(line)
+        at = len(tokens) - 3                                     # first digit of the asked value
+        defined = len(encode(line[: line.index(f"{asked[0]}={asked[1]};") + len(asked[0]) + 1]))
+        rows.append(tokens), where.append(at), distance.append(at - defined)
+    width = max(map(len, rows))
+    padded = torch.tensor([r + [10] * (width - len(r)) for r in rows])
+    return padded, where, distance
+
+
+@torch.no_grad()
+def recall_accuracy(model: TinyK3, tokens: torch.Tensor, where: list[int]) -> float:
+    logits, _ = model(tokens)
+    guess = logits.argmax(-1)
+    hits = [bool((guess[i, at - 1:at + 1] == tokens[i, at:at + 2]).all()) for i, at in enumerate(where)]
+    return sum(hits) / len(hits)
+
+
+def short_run(config: K3Config, steps: int, **kw):
+    return train(config, steps, 0, eval_every=max(1, steps // 4), progress=False, log=lambda msg: None, **kw)
+
+
+def logged_curve(path: pathlib.Path) -> dict[int, float]:
+    """step -> held-out loss from a `python -m tiny_k3.train` log."""
+    if not path.exists():
+        return {}
+    found = re.findall(r"step (\d+)/\d+: train [\d.]+  held-out ([\d.]+)", path.read_text())
+    return {int(step): float(loss) for step, loss in found}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=48, help="held-out rows of 256 tokens")
+    parser.add_argument("--lines", type=int, default=48, help="recall probes per distance")
+    parser.add_argument("--ablation-steps", type=int, default=200, help="steps of each short ablation run (0: skip)")
+    parser.add_argument("--runs", default="runs", help="where full-schedule ablation logs may be (runs/logs/*.log)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    hybrid, twin = TinyK3.from_pretrained("small").eval(), TinyK3.from_pretrained("small-twin").eval()
+    torch.manual_seed(0)
+    fresh = {"small": TinyK3(hybrid.config).eval(), "small-twin": TinyK3(twin.config).eval()}
+    rows = corpus_rows(args.rows, 256, EVAL_SEED)                  # the held-out text of tiny_k3.train
+    E = hybrid.config.num_experts
+
+    print(f"1. held-out loss, nats/byte ({len(rows)} rows x 256 tokens of unseen text; ln 512 = {math.log(512):.2f})")
+    for name, model in [("small (hybrid)", hybrid), ("small-twin (all MLA)", twin)]:
+        key = name.split()[0]
+        print(f"   {name:<22} trained {evaluate(model, rows):.3f}   fresh {evaluate(fresh[key], rows):.3f}")
+
+    short = {}
+    if args.ablation_steps:
+        n = args.ablation_steps
+        print(f"\n   training short ablations: {n} steps each, seed 0, same data ...", flush=True)
+        short["bias"] = short_run(hybrid.config, n)
+        short["no bias"] = short_run(hybrid.config, n, bias_update=False)
+        short["standard"] = short_run(hybrid.config.replace(residual="standard", name="small-standard"), n)
+
+    classes = rows[:, :-1].clone().apply_(token_class)
+    print(f"\n2. routing on the same text: I(class; expert) in bits (H(class) = {class_entropy(classes):.2f} bits, "
+          f"5 classes) and load CV (std/mean of tokens per expert; 0 = perfectly even)")
+    traces = {"shipped": routing(hybrid, rows), "fresh": routing(fresh["small"], rows)}
+    for key in ("bias", "no bias"):
+        if key in short:
+            traces[f"{args.ablation_steps}st {key}"] = routing(short[key].model.eval(), rows)
+    print("   layer" + "".join(f"{'MI ' + k:>17}" for k in traces))
+    for layer in traces["shipped"]:
+        print(f"   {layer:>5}" + "".join(f"{mutual_information(classes, t[layer], E):>17.3f}" for t in traces.values()))
+    print("   layer" + "".join(f"{'CV ' + k:>17}" for k in traces))
+    for layer in traces["shipped"]:
+        print(f"   {layer:>5}" + "".join(f"{load_cv(t[layer], E):>17.3f}" for t in traces.values()))
+    best = max(traces["shipped"], key=lambda l: mutual_information(classes, traces["shipped"][l], E))
+    ids = traces["shipped"][best]
+    print(f"   shipped layer {best}: each class's favourite expert, the share of that class's tokens that pick it"
+          f" and of the other tokens")
+    for c in KEPT_CLASSES:
+        chosen = ids[classes == c]                                   # [n, k]
+        top = torch.bincount(chosen.reshape(-1), minlength=E).argmax()
+        share = (chosen == top).any(-1).float().mean()
+        others = (ids[(classes != c)] == top).any(-1).float().mean()
+        print(f"     {CLASSES[c]:<9} expert {int(top):>3}: {share:6.1%} vs {others:6.1%}")
+
+    print("\n3. recall: exact 2-digit value after 'key=' (teacher forced argmax); 3 pairs, one asked; chance ~1%")
+    print("   trained on rows of 256 tokens (filler up to 180 chars); longer distances test what carries beyond that")
+    print(f"   {'filler chars':>12} {'distance':>9} {'hybrid':>8} {'twin':>8} {'fresh':>8}")
+    for i, n in enumerate((0, 16, 32, 64, 128, 192, 320, 448)):
+        tokens, where, dist = recall_probes(n, args.lines, seed=1000 + i)
+        acc = [recall_accuracy(m, tokens, where) for m in (hybrid, twin, fresh["small"])]
+        print(f"   {n:>12} {sum(dist) / len(dist):>9.0f} " + "".join(f"{a:>8.0%}" for a in acc))
+
+    print("\n4. Attention Residuals (block) vs the standard residual, same seed, steps and data: held-out loss")
+    if short:
+        a, b = short["bias"], short["standard"]
+        print(f"   short runs ({args.ablation_steps} steps):  step " + " ".join(f"{s:>6}" for s in a.eval_steps))
+        print("      block AttnRes                  " + " ".join(f"{x:>6.3f}" for x in a.eval_loss))
+        print("      standard residual              " + " ".join(f"{x:>6.3f}" for x in b.eval_loss))
+    logs = pathlib.Path(args.runs) / "logs"
+    block, standard = logged_curve(logs / "small.log"), logged_curve(logs / "small-standard.log")
+    steps = sorted(set(block) & set(standard))
+    if steps:
+        print("   full schedule (2000-step cosine), step " + " ".join(f"{s:>6}" for s in steps))
+        print("      block AttnRes                  " + " ".join(f"{block[s]:>6.3f}" for s in steps))
+        print("      standard residual              " + " ".join(f"{standard[s]:>6.3f}" for s in steps))
+
+
+if __name__ == "__main__":
+    main()
