@@ -1,6 +1,6 @@
 """What training bought: the shipped checkpoints against fresh weights, and the ablations against them.
 
-    python bench/bench_trained.py [--rows 48] [--lines 48] [--ablation-steps 200] [--runs runs]
+    python bench/bench_trained.py [--rows 48] [--lines 48] [--ablation-steps 200] [--runs bench/results]
 
 1. Held-out loss (nats per byte) of the trained hybrid and its all-softmax twin vs fresh weights.
 2. Expert specialisation: mutual information I(class; expert) in bits between a token's class (digit,
@@ -12,7 +12,7 @@
 4. Attention Residuals (block) vs the standard residual: held-out loss curves of short runs trained here
    with the same seed, steps and data; and, when `--runs` holds them, the logs of full-schedule runs
    (python -m tiny_k3.train --preset small --steps 2000 --seed 0 --threads 1 --out runs --residual standard,
-   logged to runs/logs/small-standard.log next to runs/logs/small.log).
+   logged beside small.log; the logs of the shipped runs are kept in bench/results/).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=48, help="held-out rows of 256 tokens")
     parser.add_argument("--lines", type=int, default=48, help="recall probes per distance")
     parser.add_argument("--ablation-steps", type=int, default=200, help="steps of each short ablation run (0: skip)")
-    parser.add_argument("--runs", default="runs", help="where full-schedule ablation logs may be (runs/logs/*.log)")
+    parser.add_argument("--runs", default="bench/results", help="folder with logs/*.log or *.log of full-schedule runs")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -191,7 +191,7 @@ def main() -> None:
         print(f"   short runs ({args.ablation_steps} steps):  step " + " ".join(f"{s:>6}" for s in a.eval_steps))
         print("      block AttnRes                  " + " ".join(f"{x:>6.3f}" for x in a.eval_loss))
         print("      standard residual              " + " ".join(f"{x:>6.3f}" for x in b.eval_loss))
-    logs = pathlib.Path(args.runs) / "logs"
+    logs = pathlib.Path(args.runs) / "logs" if (pathlib.Path(args.runs) / "logs").is_dir() else pathlib.Path(args.runs)
     block, standard = logged_curve(logs / "small.log"), logged_curve(logs / "small-standard.log")
     steps = sorted(set(block) & set(standard))
     if steps:
