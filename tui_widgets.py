@@ -263,7 +263,7 @@ class RoutingPanel(Panel):
             hint = f"MoE layers: {moe[0]}-{moe[-1]}" if moe else "this preset has no MoE layers"
             return title + " (dense)", Group(
                 active_line(cfg),
-                Text(f"Layer {v.layer} uses a dense SwiGLU MLP, like K3's first layer: every token uses all of "
+                Text(f"Layer {v.layer} uses a dense SiTU-GLU MLP (soft-capped SwiGLU), like K3's first layer: every token uses all of "
                      f"it, so there is nothing to route. {hint} (j/k to change layer)."))
         load = v.timeline.expert_load(v.layer, v.step)
         tokens = v.step + 1

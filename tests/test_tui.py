@@ -115,7 +115,7 @@ async def test_layer_head_and_panel_selection():
         await pilot.press("j")                          # wraps to layer 0: dense, nothing to route
         await settle(pilot)
         text = screen_text(app)
-        assert app.layer == 0 and "Routing · layer 0 (dense)" in text and "dense SwiGLU" in text
+        assert app.layer == 0 and "Routing · layer 0 (dense)" in text and "dense SiTU-GLU" in text
         await pilot.press("k", "h")
         await settle(pilot)
         assert app.layer == 3 and app.head == 1

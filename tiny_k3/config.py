@@ -37,7 +37,7 @@ class K3Config:
     hidden_size: int = 64            # d: width of the residual stream
     num_layers: int = 8              # transformer blocks (each = attention sublayer + MLP sublayer)
     layer_kinds: tuple[str, ...] = ()  # "kda" or "mla" per layer; () means K3's schedule
-    first_k_dense: int = 1           # the first k layers use a dense SwiGLU MLP instead of MoE
+    first_k_dense: int = 1           # the first k layers use a dense SiTU-GLU MLP instead of MoE
     dense_intermediate: int = 304    # hidden width of that dense MLP
     max_seq_len: int = 4096          # longest sequence (prompt + generated) a preset allows
     rms_norm_eps: float = 1e-5
