@@ -1,6 +1,6 @@
 """Serving economics of a K3-style model: weight bytes by format, FLOPs, decode time, GPUs, prices.
 
-Every figure cites the section of ../shared/reference/k3_facts.md it comes from. Parameter counts
+Every figure cites the section of docs/k3_facts.md it comes from. Parameter counts
 come from `tiny_k3.parameter_breakdown` (the real modules on the meta device), never a hand
 formula -- except for K2 and Kimi Linear, which are not K3Configs (no KDA/latent MoE/AttnRes), so
 their few figures are written out below from their configs (k3_facts.md §3a). Bytes are decimal.
@@ -373,7 +373,7 @@ def corrections() -> list[dict]:
     release = weight_bytes(k3, "k3-release")
     return [
         {
-            "claim": '"6.3x faster decode vs K2 at 1M"',
+            "claim": '6.3x faster decoding at 1M, read as K3 against K2 (no source says K2)',
             "verdict": "6.3x is Kimi Linear vs a full-MLA baseline at 1M (TPOT 11.48 -> 1.84 ms), not K3 vs K2; "
                        "a bandwidth model caps K3 at ~3.9x over its all-MLA twin and makes it slower than K2 at B=1.",
             "figures": {

@@ -250,7 +250,7 @@ def _same_choice(a: tuple, b: tuple) -> bool:
 
 
 class Simulation:
-    """A prompt, a timeline of Frames and a cursor over it; see the module docstring and notes/SIM_API.md.
+    """A prompt, a timeline of Frames and a cursor over it; see the module docstring (the API) and README.md.
 
     Choices. A frame's `token_id` is chosen when the frame is made: the next prompt token (forced), or a
     sample from its logits with (temperature, seed) = (sim.temperature, sim.sample_seed) at the frame's

@@ -1,6 +1,6 @@
 """Attention Residuals: softmax attention over depth instead of a fixed residual sum.
 
-Kimi Team, "Attention Residuals", arXiv:2603.15031 (reference/attnres.md). Every attention and
+Kimi Team, "Attention Residuals", arXiv:2603.15031 (docs/attnres.md). Every attention and
 every MLP sublayer l gets its own learned pseudo-query w_l in R^D and its own key RMSNorm:
 
     alpha_{i->l} = softmax_i( w_l . RMSNorm(v_i) )        # over depth; no 1/sqrt(D)   (Eqs. 1-4)

@@ -1,6 +1,6 @@
 """K3Config: every knob of a Kimi K3-style model in one dataclass, plus named presets.
 
-The released K3 values come from its config.json (see ../shared/reference/k3_facts.md §1b);
+The released K3 values come from its config.json (see docs/k3_facts.md §1b);
 the tiny presets keep K3's shape of things: 56 experts per chosen expert (896:16), the
 KDA,KDA,KDA,MLA schedule ending in MLA, a dense first layer, 2 shared experts, latent MoE
 and Block Attention Residuals.
