@@ -1,7 +1,8 @@
 """sim: the step-through simulator that drives tiny_k3 and scales its figures up to K3."""
 
 from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord, SublayerView
+from .runfile import load
 from .session import Simulation
 
 __all__ = ["Simulation", "Frame", "RoutingRecord", "KDARecord", "DepthRecord", "SublayerRecord", "MemoryRecord",
-           "SublayerView"]
+           "SublayerView", "load"]

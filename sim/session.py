@@ -266,7 +266,10 @@ class Simulation:
     """
 
     def __init__(self, preset: str | K3Config = "small", prompt: str = "key=7; 3+4=", *, seed: int = 0,
-                 device: str | None = "cpu", temperature: float = 0.0, weights: str = "auto", twin: bool = True):
+                 device: str | None = "cpu", temperature: float = 0.0, weights: str = "auto", twin: bool = True,
+                 progress=None):
+        """progress(done, total), if given, is called after each prompt token; whatever it raises abandons the
+        build (a front end's cancel: the TUI stops a long k3-topo prefill between tokens)."""
         self.config = _resolve_config(preset)
         self.twin_config = self.config.twin()
         self.seed = _count(seed, "seed")
@@ -296,6 +299,8 @@ class Simulation:
         for i, tok in enumerate(ids):
             choice = ("forced", ids[i + 1]) if i + 1 < len(ids) else ("sampled", self.temperature, self.sample_seed)
             self._advance(tok, choice, prompt=True)
+            if progress is not None:
+                progress(i + 1, len(ids))
         self.prompt_len = len(ids)
         self.cursor = len(ids) - 1
 
@@ -388,30 +393,38 @@ class Simulation:
                                   out_norm=0.0 if head is None else head.h_norm, top=top))
         return views
 
-    def expert_load(self, layer: int) -> np.ndarray:
-        """[E] int64: how many tokens each expert of an MoE layer took, over the frames up to the cursor."""
+    def expert_load(self, layer: int, upto: int | None = None) -> np.ndarray:
+        """[E] int64: how many tokens each expert of an MoE layer took, over the frames up to the cursor
+        (or up to frame `upto`, inclusive)."""
         if layer not in self.config.moe_layers:
             raise ValueError(f"layer {layer} has no MoE; MoE layers are {self._span(self.config.moe_layers)}.")
-        ids = [f.routing_for(layer).expert_ids for f in self._frames[:self.cursor + 1]]
+        ids = [f.routing_for(layer).expert_ids for f in self._upto(upto)]
         return np.bincount(np.concatenate(ids), minlength=self.config.num_experts).astype(np.int64)
 
-    def state_norm_history(self, layer: int, head: int) -> np.ndarray:
-        """[n] float32: ||S||_F of one KDA head after each frame up to the cursor."""
+    def state_norm_history(self, layer: int, head: int, upto: int | None = None) -> np.ndarray:
+        """[n] float32: ||S||_F of one KDA head after each frame up to the cursor (or frame `upto`)."""
         if layer not in self.config.kda_layers:
             raise ValueError(f"layer {layer} is not a KDA layer; KDA layers are {self._span(self.config.kda_layers)}.")
         if not 0 <= head < self.config.kda_heads:
             raise ValueError(f"head {head} is out of range; KDA heads are 0 to {self.config.kda_heads - 1}.")
-        return np.array([f.kda_for(layer).state_norm[head] for f in self._frames[:self.cursor + 1]], np.float32)
+        return np.array([f.kda_for(layer).state_norm[head] for f in self._upto(upto)], np.float32)
 
-    def memory_history(self) -> dict[str, np.ndarray]:
-        """Per frame up to the cursor: position, kv_bytes, state_bytes, twin_kv_bytes, step_ms, twin_step_ms."""
-        frames = self._frames[:self.cursor + 1]
+    def memory_history(self, upto: int | None = None) -> dict[str, np.ndarray]:
+        """Per frame up to the cursor (or frame `upto`): position, kv_bytes, state_bytes, twin_kv_bytes,
+        step_ms, twin_step_ms."""
+        frames = self._upto(upto)
         out = {"position": np.array([f.position for f in frames], np.int64)}
         for key in ("kv_bytes", "state_bytes", "twin_kv_bytes"):
             out[key] = np.array([getattr(f.memory, key) for f in frames], np.int64)
         for key in ("step_ms", "twin_step_ms"):
             out[key] = np.array([getattr(f, key) for f in frames], np.float64)
         return out
+
+    def save(self, path, cursor: int | None = None):
+        """Write the whole run to `path` (sim/runfile.py: JSON + npz, nothing pickled); `sim.load` reopens it."""
+        from . import runfile   # runfile imports this module to rebuild a Simulation
+
+        return runfile.save(self, path, cursor=cursor)
 
     def snapshot_bytes(self) -> int:
         """Bytes held by the saved KDA states that make branching cheap."""
@@ -425,6 +438,10 @@ class Simulation:
     @staticmethod
     def _span(layers: list[int]) -> str:
         return ", ".join(map(str, layers)) if len(layers) <= 8 else f"{layers[0]} to {layers[-1]}"
+
+    def _upto(self, upto: int | None) -> list[Frame]:
+        """The frames up to the cursor, or up to frame `upto` (a UI thread reads while a worker steps)."""
+        return self._frames[:(self.cursor if upto is None else self._index(upto)) + 1]
 
     def _index(self, i) -> int:
         n = len(self._frames)
