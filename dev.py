@@ -3,12 +3,20 @@
 
 On first use it creates .venv, installs torch==2.13.0 there when no torch is present (a bare
 `torch` requirement would fetch a multi-GB CUDA build), then the project with its dev extra.
+
+The workshop kit (20 laptops, no network in the room, no GPU; lessons/INSTRUCTOR.md):
+    python3 dev.py wheelhouse DIR [--platform windows-x86_64] [--python 3.11] [--dry-run]
+                                    download every wheel the lessons and the TUI need (CPU torch only)
+    python3 dev.py setup --offline DIR   create .venv and install from DIR with no network
+    python3 dev.py bundle DIR [--wheelhouse WH]   a learner's copy of the repository without lessons/solutions/
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -40,10 +48,188 @@ def ensure_env() -> None:
     STAMP.write_text(_fingerprint())
 
 
+# ---------------------------------------------------------------------------- workshop kit (offline set-up)
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# pip tags per named platform. torch's CPU builds carry the local label +cpu on Linux and Windows; macOS
+# wheels are CPU-only and unlabelled. Wheels for older manylinux tags install on newer systems too.
+PLATFORMS = {
+    "linux-x86_64": (["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"], "+cpu"),
+    "linux-aarch64": (["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"], ""),
+    "macos-arm64": (["macosx_14_0_arm64", "macosx_13_0_arm64", "macosx_12_0_arm64", "macosx_11_0_arm64"], ""),
+    "windows-x86_64": (["win_amd64"], "+cpu"),
+}
+# pip evaluates environment markers (sys_platform == "win32", ...) for the machine it runs on, not for --platform:
+# the packages a target platform needs only through such markers are named here.
+PLATFORM_EXTRAS = {"windows-x86_64": ["pywinpty>=2.0.1", "colorama"], "macos-arm64": ["appnope"]}
+KIT_EXTRAS = ("lessons",)      # the lessons' stack (jupyterlab included); the TUI's textual is a core dependency
+CUDA_MARKERS = ("nvidia_", "nvidia-", "+cu", "triton")
+
+
+def _this_platform() -> str:
+    import platform
+
+    machine = platform.machine().lower()
+    if sys.platform.startswith("win"):
+        return "windows-x86_64"
+    if sys.platform == "darwin":
+        return "macos-arm64"
+    return "linux-aarch64" if machine in ("aarch64", "arm64") else "linux-x86_64"
+
+
+def _kit_requirements() -> list[str]:
+    """The project's runtime dependencies and its lessons extra, without torch (its CPU wheel is pinned apart).
+    Read from pyproject.toml with a regex: tomllib is Python 3.11+, and dev.py runs on 3.10."""
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    reqs = []
+    for key in ("dependencies", *KIT_EXTRAS):
+        block = re.search(rf"^{key} = \[(.*?)\]", text, re.M | re.S)
+        if block is None:
+            raise RuntimeError(f"pyproject.toml has no `{key} = [...]` list")
+        reqs += re.findall(r'"([^"]+)"', block.group(1))
+    return [r for r in reqs if not r.startswith(("torch", "tiny-k3"))]
+
+
+def wheelhouse_commands(dest: Path, platform: str, python: str) -> list[list[str]]:
+    """The pip commands that fill `dest` with CPU-only wheels for `platform` and Python `python` (e.g. "3.11")."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}; use one of: {', '.join(PLATFORMS)}.")
+    tags, label = PLATFORMS[platform]
+    target = [a for tag in tags for a in ("--platform", tag)]
+    target += ["--python-version", python, "--implementation", "cp", "--only-binary=:all:"]
+    pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(dest)]
+    torch = f"{TORCH}{label}"
+    return [
+        pip + target + ["--no-deps", "--index-url", TORCH_CPU_INDEX, torch],
+        # torch's own dependencies and everything else from PyPI; the constraint keeps torch the CPU wheel above
+        pip + target + ["--find-links", str(dest), "--constraint", str(dest / "constraints.txt"),
+                        "--requirement", str(dest / "requirements.txt"), "torch", "setuptools>=68", "wheel",
+                        *PLATFORM_EXTRAS.get(platform, [])],
+    ]
+
+
+def wheelhouse(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dev.py wheelhouse", description="Download every wheel the lessons and "
+                                     "the TUI need into DIR, for one platform, CPU-only torch.")
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--platform", default=_this_platform(), help=f"one of {', '.join(PLATFORMS)} "
+                        "(default: this machine)")
+    parser.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}",
+                        help="the learners' Python version, e.g. 3.11 (default: this one)")
+    parser.add_argument("--dry-run", action="store_true", help="print what would be fetched, fetch nothing")
+    args = parser.parse_args(argv)
+    try:
+        commands = wheelhouse_commands(args.dir.resolve(), args.platform, args.python)
+    except ValueError as exc:
+        print(f"[dev.py] {exc}", file=sys.stderr)
+        return 2
+    reqs = _kit_requirements()
+    _, label = PLATFORMS[args.platform]
+    print(f"[dev.py] wheelhouse for {args.platform}, Python {args.python}: {TORCH}{label} from {TORCH_CPU_INDEX}, "
+          f"then {len(reqs)} requirements from PyPI: {', '.join(reqs)}")
+    for command in commands:
+        print("  " + " ".join(command[2:]))
+    if args.dry_run:
+        return 0
+    args.dir.mkdir(parents=True, exist_ok=True)
+    (args.dir / "requirements.txt").write_text("\n".join(reqs) + "\n")
+    (args.dir / "constraints.txt").write_text(f"torch=={TORCH.split('==')[1]}{label}\n")
+    for command in commands:
+        if subprocess.run(command).returncode != 0:
+            print("[dev.py] a download failed (network, or no wheel for this platform/Python); see above.",
+                  file=sys.stderr)
+            return 1
+    cuda = [p.name for p in args.dir.iterdir() if any(m in p.name for m in CUDA_MARKERS)]
+    if cuda:
+        print(f"[dev.py] CUDA wheels got in ({', '.join(cuda)}); delete them: the workshop is CPU-only.",
+              file=sys.stderr)
+        return 1
+    wheels = sorted(p.name for p in args.dir.glob("*.whl"))
+    size = sum((args.dir / w).stat().st_size for w in wheels)
+    print(f"[dev.py] {len(wheels)} wheels, {size / 1e6:.0f} MB in {args.dir}; on each laptop: "
+          f"python3 dev.py setup --offline {args.dir}")
+    return 0
+
+
+def setup_offline(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dev.py setup --offline", description="Create .venv and install the "
+                                     "lessons and the TUI from a wheelhouse, with no network.")
+    parser.add_argument("--offline", type=Path, required=True, metavar="DIR")
+    args = parser.parse_args(argv)
+    wheels = args.offline.resolve()
+    if not any(wheels.glob("torch-*.whl")):
+        print(f"[dev.py] {wheels} holds no torch wheel; fill it first with `python3 dev.py wheelhouse {wheels}` "
+              "on a machine with network.", file=sys.stderr)
+        return 2
+    if not PYTHON.exists():
+        print("[dev.py] creating .venv ...", flush=True)
+        venv.create(VENV, with_pip=True)
+    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--find-links", str(wheels)]
+    constraints = ["--constraint", str(wheels / "constraints.txt")] if (wheels / "constraints.txt").exists() else []
+    print(f"[dev.py] installing torch (CPU) and tiny-k3 with its lessons extra from {wheels}, offline ...", flush=True)
+    steps = [pip + constraints + ["torch"], pip + constraints + ["-e", f"{ROOT}[{','.join(KIT_EXTRAS)}]"]]
+    for step in steps:
+        if subprocess.run(step).returncode != 0:
+            print("[dev.py] the offline install failed: the wheelhouse lacks a package for this platform or Python "
+                  "(see above); rebuild it with --platform/--python for this laptop.", file=sys.stderr)
+            return 1
+    print(f"[dev.py] done; check with: {PYTHON.relative_to(ROOT)} lessons/setup_check.py")
+    return 0
+
+
+BUNDLE_EXCLUDED = ("lessons/solutions/", "lessons/INSTRUCTOR.md", "tests/")   # the learner's copy has no answers
+
+
+def bundle_files() -> list[str]:
+    """Repository paths a learner's copy holds: what git tracks (or, outside git, the tree), minus the answers."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+        listed = [str(p.relative_to(ROOT)).replace(os.sep, "/") for p in ROOT.rglob("*")
+                  if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
+    return sorted(f for f in listed if not f.startswith(BUNDLE_EXCLUDED) and (ROOT / f).is_file())
+
+
+def bundle(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dev.py bundle", description="Write a learner's copy of the repository "
+                                     "to DIR: no lessons/solutions/, no instructor guide, no tests.")
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--wheelhouse", type=Path, help="also copy this wheelhouse into DIR/wheelhouse")
+    args = parser.parse_args(argv)
+    dest = args.dir.resolve()
+    if dest == ROOT or ROOT in dest.parents:
+        print(f"[dev.py] {dest} is inside the repository; write the bundle somewhere else.", file=sys.stderr)
+        return 2
+    if dest.exists() and any(dest.iterdir()):
+        print(f"[dev.py] {dest} is not empty; give a new or empty folder.", file=sys.stderr)
+        return 2
+    files = bundle_files()
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    if args.wheelhouse:
+        shutil.copytree(args.wheelhouse, dest / "wheelhouse")
+    print(f"[dev.py] {len(files)} files in {dest} (without {', '.join(BUNDLE_EXCLUDED)})"
+          + (f", wheels in {dest / 'wheelhouse'}" if args.wheelhouse else ""))
+    return 0
+
+
+KIT_COMMANDS = {"wheelhouse": wheelhouse, "bundle": bundle}
+
+
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("run", [])
+    if command in KIT_COMMANDS:
+        return KIT_COMMANDS[command](rest)
+    if command == "setup" and any(a == "--offline" or a.startswith("--offline=") for a in rest):
+        return setup_offline(rest)
     if command not in ("run", "test", "setup", "sim", "bench"):
-        print(f"unknown command {command!r}; use one of: run, test, setup, sim, bench.", file=sys.stderr)
+        print(f"unknown command {command!r}; use one of: run, test, setup, sim, bench, "
+              f"{', '.join(KIT_COMMANDS)}.", file=sys.stderr)
         return 2
     ensure_env()
     if command == "setup":

@@ -123,11 +123,11 @@ def main() -> int:
     _check(results, "python", _python, "Use Python 3.10 or newer.")
     _check(results, "packages", _packages, "Run `python3 dev.py setup` (or `pip install -e '.[dev]'`).")
     _check(results, "jupyter kernel", _kernel, "Run `python -m ipykernel install --user --name python3`.")
-    _check(results, "notebook app", _front_end, "`pip install jupyterlab`, or open the notebooks in VS Code "
-           "(Jupyter extension) with this environment's kernel.", required=False)
+    _check(results, "notebook app", _front_end, "Install the lessons' extra: `python3 dev.py setup` (online) or "
+           "`python3 dev.py setup --offline WHEELHOUSE` (the instructor's wheel folder); it includes JupyterLab.")
     _check(results, "model", _model, "Check that you run from the repository (tiny_k3/ beside lessons/).")
     _check(results, "simulator", _simulator, "sim/ should be importable from the repository root.")
-    _check(results, "exercise checks", _checks, "lessons/checks.py should be beside this file.")
+    _check(results, "exercise checks", _checks, "lessons/checks/ should be beside this file.")
     _check(results, "plots", _plots, "Install matplotlib (`pip install matplotlib`).")
     _check(results, "TUI", _tui, "Install textual (`python3 dev.py setup`); the lessons work without it.",
            required=False)

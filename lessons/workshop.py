@@ -94,6 +94,9 @@ def try_exercise(check, fn) -> None:
     from checks import ExerciseError
 
     name = getattr(check, "__name__", "check")
+    info = getattr(check, "exercise", None)
+    if info is not None:
+        print(f"[{info.label}]")
     if getattr(fn, "is_reference_solution", False):
         print(f"(instructor mode: TINY_K3_SOLUTIONS=1, {name} runs the reference solution)")
     try:
@@ -101,6 +104,8 @@ def try_exercise(check, fn) -> None:
     except NotImplementedError:
         print(f"… {name}: not done yet — here is what the check expects:\n")
         print(getattr(check, "expects", check.__doc__ or "").strip())
+        if info is not None:
+            print(f"\nStuck? hint({info.number!r}) names the idea, hint({info.number!r}, 2) gives the formula.")
     except ExerciseError as err:
         print(f"✗ {name}: not yet right.\n")
         print(str(err))

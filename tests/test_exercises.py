@@ -45,6 +45,38 @@ def test_every_check_has_a_solution_and_a_spec():
     assert set(SOLVED) == set(checks.ALL_CHECKS)
     for check in checks.ALL_CHECKS:
         assert len(check.expects) > 80, check.__name__
+        assert SOLVED[check] is getattr(solutions, check.exercise.solution), "the registry names the solution"
+
+
+def test_checks_are_one_module_per_lesson_and_import_as_before():
+    from checks import check_kda_step, check_route  # noqa: F401  (the lessons' import line keeps working)
+
+    for check in checks.ALL_CHECKS:
+        lesson = check.exercise.number.split(".")[0]
+        assert check.__module__ == f"checks.lesson{lesson}", (check.__name__, check.__module__)
+    assert [c.exercise.number for c in checks.ALL_CHECKS] == sorted(c.exercise.number for c in checks.ALL_CHECKS)
+
+
+def test_every_exercise_has_a_difficulty_minutes_and_two_hints(capsys):
+    for check in checks.ALL_CHECKS:
+        ex = check.exercise
+        assert ex.difficulty in (1, 2, 3) and 3 <= ex.minutes <= 30, ex
+        checks.hint(ex.number)
+        one = capsys.readouterr().out
+        checks.hint(check, 2)
+        two = capsys.readouterr().out
+        assert ex.hints[0] in one and ex.hints[1] in two and ex.hints[0] != ex.hints[1]
+        assert "hint 1/2" in one and "hint 2/2" in two and ex.stars in one
+    checks.hint("kda_step", 2)
+    assert "g.exp()[:, None]" in capsys.readouterr().out     # the formula lives in the hint ...
+    assert "g.exp()[:, None]" not in checks.check_kda_step.expects   # ... not in the "not done yet" spec
+
+
+def test_hint_says_what_is_wrong_with_a_bad_name_or_level():
+    with pytest.raises(ValueError, match="no exercise called 'nope'; the exercises are 1.1"):
+        checks.hint("nope")
+    with pytest.raises(ValueError, match="hint level is 1 .* or 2"):
+        checks.hint("1.1", 3)
 
 
 @pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
@@ -129,6 +161,11 @@ def test_bias_update_mistakes_are_named():
                "Wrong direction", "goes down")
     fails_with(checks.check_bias_update, lambda b, load, r: b + r * (load.mean() - load), "fixed γ")
     fails_with(checks.check_bias_update, lambda b, load, r: b.clone(), "did not change")
+    # the loophole of a two-way rule: a balanced expert (load exactly at the mean) must keep its bias
+    fails_with(checks.check_bias_update, lambda b, load, r: b + r * torch.where(load < load.mean(), 1.0, -1.0),
+               "exactly the mean load", "must keep its bias", "sign(0) = 0")
+    fails_with(checks.check_bias_update, lambda b, load, r: b + r * torch.where(load > load.mean(), -1.0, 1.0),
+               "exactly the mean load")
 
 
 # ---------------------------------------------------------------------------- lesson 2
@@ -261,7 +298,16 @@ def depth_wrong_axis(sources, query, gain):
     return w @ sources, w
 
 
+def depth_l2_keys(sources, query, gain):
+    keys = F.normalize(sources, dim=-1) * gain      # KDA's q/k normalisation, not AttnRes's RMSNorm
+    w = (keys @ query).softmax(0)
+    return w @ sources, w
+
+
 def test_depth_attention_mistakes_are_named():
+    fails_with(checks.check_depth_attention, depth_l2_keys, "L2-normalised the keys", "RMSNorm", "√D")
+    fails_with(checks.check_depth_attention, lambda s, q, g: depth_l2_keys(s, q, torch.ones_like(g)),
+               "L2-normalised the keys")
     fails_with(checks.check_depth_attention, depth_with_sqrt_d, "no 1/√d")
     fails_with(checks.check_depth_attention, depth_sum_of_keys, "summed the normalised keys", "raw sources")
     fails_with(checks.check_depth_attention, depth_no_key_norm, "did not normalise the keys")
@@ -374,7 +420,8 @@ def test_try_exercise_reports_each_outcome(capsys):
 
     workshop.try_exercise(checks.check_mxfp4_bytes, stub)
     out = capsys.readouterr().out
-    assert "not done yet" in out and "17 B" not in out.split("expects:")[0] and "E8M0" in out
+    assert "not done yet" in out and "MXFP4" in out and "17 B" not in out      # the formula is hint 2's
+    assert "exercise 5.1 · difficulty ★☆☆ · about 6 min" in out and "hint('5.1', 2)" in out
 
     workshop.try_exercise(checks.check_mxfp4_bytes, lambda r, c: r * c // 2)
     assert "✗ check_mxfp4_bytes: not yet right" in capsys.readouterr().out

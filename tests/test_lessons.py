@@ -103,7 +103,7 @@ def executed() -> dict:
 
 
 def test_every_lesson_and_the_workshop_files_exist():
-    missing = [n for n in EXPECTED + ["README.md", "checks.py", "workshop.py", "setup_check.py",
+    missing = [n for n in EXPECTED + ["README.md", "checks/__init__.py", "workshop.py", "setup_check.py",
                                       "solutions/__init__.py"] if not (LESSONS / n).exists()]
     assert not missing, f"missing in lessons/: {missing}"
 

@@ -1,0 +1,149 @@
+"""Lesson 2 checks: one KDA recurrent step, the KDA decay gate."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ._common import ExerciseError, _call, _close, _fmt, _int, _passed, _tensor, register
+
+@register("2.1", "kda_step", difficulty=3, minutes=15, expects="""
+my_kda_step(S, q, k, v, g, beta, scale) -> (o, S_new)       one token, one head (kda.md §1)
+  S [K, V] state (rows = key channels), q, k [K] (L2-normalised), v [V], g [K] log-decay (g ≤ 0),
+  beta: a 0-d tensor in (0, 1), scale: a float (K ** -0.5 in the model)
+  returns o [V] (the read-out for this token) and S_new [K, V] (the state after this token)
+  three steps: forget (per key channel), write with the delta rule, read from the new state.
+Checked against tiny_k3.kda.kda_recurrent (T = 1) in float64, with K ≠ V (e.g. K = 6, V = 5).
+""",
+          hints=('Decay each ROW d of S by its own exp(g_d); then write only the error between v and what the decayed memory already returns for k; then read with the scaled query from the NEW state.',
+                 'S_dec = g.exp()[:, None] * S;  S_new = S_dec + beta * torch.outer(k, v - S_dec.T @ k);  o = S_new.T @ (scale * q)'))
+def check_kda_step(fn) -> None:
+    from tiny_k3.kda import kda_recurrent
+
+    gen = torch.Generator().manual_seed(2)
+    f64 = dict(dtype=torch.float64)
+    for K, V in [(6, 5), (8, 8), (16, 12)]:
+        S = torch.randn(K, V, generator=gen, **f64)
+        q = torch.nn.functional.normalize(torch.randn(K, generator=gen, **f64), dim=0)
+        k = torch.nn.functional.normalize(torch.randn(K, generator=gen, **f64), dim=0)
+        v = torch.randn(V, generator=gen, **f64)
+        g = -5.0 * torch.rand(K, generator=gen, **f64)  # strongly different decays per channel
+        beta = torch.rand((), generator=gen, **f64) * 0.8 + 0.1
+        scale = K ** -0.5
+        o_ref, S_ref = kda_recurrent(q.view(1, 1, 1, K), k.view(1, 1, 1, K), v.view(1, 1, 1, V), g.view(1, 1, 1, K),
+                                     beta.view(1, 1, 1), scale=scale, initial_state=S.view(1, 1, K, V),
+                                     output_final_state=True)
+        o_ref, S_ref = o_ref.view(V), S_ref.view(K, V)
+        got = _call(fn, (S.clone(), q.clone(), k.clone(), v.clone(), g.clone(), beta.clone(), scale),
+                    f"S [{K}, {V}], q, k, g [{K}], v [{V}], beta (0-d), scale={scale:.4f}",
+                    f"g has K = {K} entries, one per *row* (key channel) of S [K, V]: g.exp()[:, None] * S.")
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise ExerciseError("Return two things: (o [V], S_new [K, V]).")
+        o = _tensor(got[0], "o", (V,), f"one value per value channel, V = {V}")
+        S_new = _tensor(got[1], "S_new", (K, V), f"the state keeps its shape [K, V] = [{K}, {V}]")
+        if _close(S_new, S_ref, atol=1e-9) and _close(o, o_ref, atol=1e-9):
+            continue
+
+        def update(decayed, recall_from=None, delta=True, use_beta=True):
+            src = decayed if recall_from is None else recall_from
+            err = (v - src.T @ k) if delta else v
+            return decayed + (beta if use_beta else 1.0) * torch.outer(k, err)
+
+        decayed = g.exp()[:, None] * S
+        right = f"For this input S_new[0] should be {_fmt(S_ref[0])}; yours is {_fmt(S_new[0])}."
+        if not _close(S_new, S_ref, atol=1e-9):
+            for label, a in [("the mean of g", g.mean()), ("g[0]", g[0]), ("the sum of g", g.sum()),
+                             ("the last g", g[-1])]:
+                if _close(S_new, update(a.exp() * S), atol=1e-9):
+                    raise ExerciseError(
+                        f"Your decay is one number for the whole head (you used {label}) — that is Gated DeltaNet. "
+                        "KDA decays each key channel separately: row d of S is multiplied by its own exp(g_d), "
+                        "S' = Diag(exp g) S, i.e. g.exp()[:, None] * S (kda.md §1).\n  " + right)
+            if _close(S_new, update(g[:, None] * S), atol=1e-9):
+                raise ExerciseError("g is a *log* decay: multiply the rows by exp(g), not by g.\n  " + right)
+            if _close(S_new, update(S), atol=1e-9):
+                raise ExerciseError("You never decayed the state. First S' = Diag(exp g) S, then write.\n  " + right)
+            if _close(S_new, update(decayed, delta=False), atol=1e-9):
+                raise ExerciseError(
+                    "You wrote β·k vᵀ — linear attention's update, which piles new values on top of old ones. "
+                    "The delta rule writes only the error: β·k (v − S'ᵀk)ᵀ, where S'ᵀk is what the memory "
+                    "already returns for key k (kda.md §1).\n  " + right)
+            if _close(S_new, update(decayed, recall_from=S), atol=1e-9):
+                raise ExerciseError("Recall from the decayed state: the error is v − S'ᵀk with S' = Diag(exp g) S, "
+                                    "not v − Sᵀk.\n  " + right)
+            if _close(S_new, update(decayed, use_beta=False), atol=1e-9):
+                raise ExerciseError("You left out β: the write strength multiplies the whole correction, "
+                                    "β·k (v − S'ᵀk)ᵀ.\n  " + right)
+            raise ExerciseError("S_new is wrong. " + right)
+        want = f"For this input o should be {_fmt(o_ref)}; yours is {_fmt(o)}."
+        for label, state in [("the old state S", S), ("the decayed state S' (before the write)", decayed)]:
+            if _close(o, state.T @ (scale * q), atol=1e-9):
+                raise ExerciseError(f"S_new is right, but you read o from {label}. Read after writing: "
+                                    "o = S_newᵀ (scale · q), so a token can recall what it just wrote.\n  " + want)
+        if _close(o, S_ref.T @ q, atol=1e-9):
+            raise ExerciseError(f"S_new is right, but o misses the scale: o = S_newᵀ (scale · q) with scale = "
+                                f"K^-0.5 = {scale:.4f}.\n  " + want)
+        raise ExerciseError("S_new is right but o is not. " + want)
+    _passed("check_kda_step", "per-channel decay, delta-rule write and read agree with "
+                              "tiny_k3.kda.kda_recurrent (float64, K ≠ V included).")
+
+
+@register("2.2", "kda_gate", difficulty=2, minutes=10, expects="""
+my_kda_gate(g_raw, A_log, dt_bias, lower_bound) -> g                  (kda.md §3)
+  g_raw [T, H, K], A_log [H], dt_bias [H*K] (head-major), lower_bound a negative float or None
+  lower_bound None: Kimi Linear's unbounded softplus gate;  otherwise K3's bounded sigmoid gate
+  returns g [T, H, K], the per-channel log decay (g ≤ 0, so exp(g) ∈ (0, 1]).
+Checked against tiny_k3.kda.kda_gate.
+""",
+          hints=('Both forms add the per-channel offset dt_bias and scale by the per-head rate exp(A_log); the softplus form negates, the bounded form squeezes into (lower_bound, 0) with a sigmoid.',
+                 'x = g_raw + dt_bias.view(H, K);  a = A_log.exp()[:, None]\n  None:  g = -a * softplus(x)            bounded:  g = lower_bound * sigmoid(a * x)'))
+def check_kda_gate(fn) -> None:
+    from torch.nn.functional import softplus
+
+    from tiny_k3.kda import kda_gate
+
+    gen = torch.Generator().manual_seed(4)
+    for T, H, K, lb in [(3, 2, 4, None), (3, 2, 4, -5.0), (5, 3, 8, -5.0), (2, 4, 3, None)]:
+        g_raw = torch.randn(T, H, K, generator=gen, dtype=torch.float64)
+        A_log = torch.randn(H, generator=gen, dtype=torch.float64)
+        dt_bias = torch.randn(H * K, generator=gen, dtype=torch.float64)
+        want = kda_gate(g_raw[None], A_log, dt_bias, lb)[0]
+        got = _tensor(_call(fn, (g_raw.clone(), A_log.clone(), dt_bias.clone(), lb),
+                            f"g_raw [{T}, {H}, {K}], A_log [{H}], dt_bias [{H * K}], lower_bound={lb}",
+                            "A_log has one entry per head: A_log.exp()[:, None] broadcasts over K; "
+                            "dt_bias.view(H, K)."),
+                      "g", (T, H, K), "one log decay per token, head and key channel")
+        if _close(got, want, atol=1e-9):
+            continue
+        mode = "without a bound" if lb is None else f"with lower_bound={lb}"
+        right = f"{mode}: g[0, 0] should be {_fmt(want[0, 0])}; yours is {_fmt(got[0, 0])}."
+        x = g_raw + dt_bias.view(H, K)
+        a = A_log.exp()[:, None]
+        x_bad = g_raw + dt_bias.view(K, H).T
+        wrong = ([("A_log used without exp", -A_log[:, None] * softplus(x), lb * torch.sigmoid(A_log[:, None] * x)
+                   if lb else None),
+                  ("dt_bias laid out as [K, H]", -a * softplus(x_bad), lb * torch.sigmoid(a * x_bad) if lb else None),
+                  ("a positive sign", a * softplus(x), -lb * torch.sigmoid(a * x) if lb else None),
+                  ("dt_bias left out", -a * softplus(g_raw), lb * torch.sigmoid(a * g_raw) if lb else None)])
+        hints = {"A_log used without exp": "A_log is a logarithm: the rate is exp(A_log).",
+                 "dt_bias laid out as [K, H]": "dt_bias is head-major: dt_bias.view(H, K), entry h·K + d belongs to "
+                                               "head h, channel d.",
+                 "a positive sign": "g is a log decay, so it must be ≤ 0 (exp(g) ≤ 1 forgets; exp(g) > 1 would "
+                                    "blow the state up).",
+                 "dt_bias left out": "add dt_bias (the per-channel offset) before the nonlinearity."}
+        for label, unbounded, bounded in wrong:
+            candidate = unbounded if lb is None else bounded
+            if _close(got, candidate, atol=1e-9):
+                raise ExerciseError(f"{hints[label]}\n  " + right)
+        if lb is not None and _close(got, -A_log.exp()[:, None] * softplus(x), atol=1e-9):
+            raise ExerciseError("With a lower bound K3 uses the sigmoid form g = lb·σ(exp(A_log)(g_raw + dt_bias)), "
+                                "which keeps g in (lb, 0) = (−5, 0): no channel can forget everything in one "
+                                "token.\n  " + right)
+        if lb is not None and _close(got, lb * torch.sigmoid(x), atol=1e-9):
+            raise ExerciseError("Multiply by exp(A_log) inside the sigmoid: g = lb·σ(exp(A_log)(g_raw + "
+                                "dt_bias)).\n  " + right)
+        raise ExerciseError(right)
+    _passed("check_kda_gate", "both gate forms (softplus and K3's lower-bound sigmoid) agree with "
+                              "tiny_k3.kda.kda_gate.")
