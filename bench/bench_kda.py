@@ -1,19 +1,21 @@
 """KDA prefill: the chunked WY/UT form vs the token-by-token recurrence (kda.md §1, §2).
 
-    python bench/bench_kda.py [--threads N] [--chunk 64] [--lengths 1024 4096 16384] [--device cuda]
+    python bench/bench_kda.py [--threads 1 2] [--chunk 64] [--lengths 1024 4096 16384] [--device cuda]
 
-B=1, H=4, K=V=64, float32, chunk 64 (--chunk), K3's lower-bound gate at fla's init. Both forms are timed in
-the same run (after a warm-up); chunked is the best of several rounds, the recurrence (slow, one
-Python step per token) a single pass, on a prefix when a full pass would take over 30 s (then
-scaled to the full length, which is exact for a loop of identical steps, and marked '*').
-The last line repeats the longest chunked run with every channel decaying at the bound (g = -5),
-the worst case: no chunk can be factored in one piece, so every chunk is split into sub-chunks.
-Target: chunked at T=4K well under 50 ms on a 2-core CPU.
+B=1, H=4, K=V=64, float32, K3's lower-bound gate at fla's init. For each thread count, in one run:
+`kda_chunked` (best of several rounds), fla-core's pure-torch `naive_recurrent_kda` (the public reference,
+one pass; loaded from its file, since fla's package import needs triton) and our own `kda_recurrent`
+(the definition). A recurrence is timed on a prefix when a full pass would take over 30 s (then scaled to
+the full length, which is exact for a loop of identical steps, and marked '*'). The last line per thread
+count repeats the longest chunked run with every channel decaying at the bound (g = -5), the worst case:
+no chunk can be factored in one piece, so every chunk is split into sub-chunks.
+Target (issue 15): chunked at T=4096 >= 25x fla's naive recurrence on 1 thread, >= 35x on 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pathlib
 import sys
 import time
@@ -26,6 +28,25 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from tiny_k3.kda import kda_chunked, kda_gate, kda_recurrent  # noqa: E402
 
 H, K, V, LOWER_BOUND = 4, 64, 64, -5.0
+
+
+def fla_naive_recurrent():
+    """fla-core's `naive_recurrent_kda` (pure torch + einops), or None when fla-core is not installed.
+
+    `import fla` pulls in triton for the GPU kernels; the naive reference file itself needs only torch and
+    einops, so it is loaded by path from the installed package.
+    """
+    spec = importlib.util.find_spec("fla")
+    if spec is None or spec.origin is None:
+        return None
+    path = pathlib.Path(spec.origin).parent / "ops" / "kda" / "naive.py"
+    naive_spec = importlib.util.spec_from_file_location("fla_kda_naive", path)
+    module = importlib.util.module_from_spec(naive_spec)
+    try:
+        naive_spec.loader.exec_module(module)
+    except (ImportError, FileNotFoundError):
+        return None
+    return module.naive_recurrent_kda
 
 
 def inputs(T: int, device: str, strong_decay: bool = False):
@@ -52,45 +73,63 @@ def best_ms(fn, rounds: int, sync) -> float:
     return best
 
 
+def recurrence_ms(fn, x, sync) -> tuple[float, bool, torch.Tensor]:
+    """ms of one pass of a recurrence over x (a 1024-token prefix, scaled, when the full one projects past 30 s)."""
+    T = x[0].shape[1]
+    prefix = min(T, 1024)
+    while True:
+        sync()
+        start = time.perf_counter()
+        o, _ = fn(*(t[:, :prefix] for t in x))
+        sync()
+        ms = 1e3 * (time.perf_counter() - start) * T / prefix
+        if prefix == T or ms > 30_000:
+            return ms, prefix < T, o
+        prefix = T
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's default)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="CPU thread counts to run")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--chunk", type=int, default=64)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    fla = fla_naive_recurrent()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
-          f"B=1 H={H} K=V={K} float32, chunk {args.chunk}")
-    print(f"{'T':>6} {'chunked ms':>11} {'recurrent ms':>13} {'speed-up':>9} {'max |diff|':>11}")
-    with torch.inference_mode():
-        warm = inputs(256, args.device)
-        for _ in range(3):
-            kda_chunked(*warm)
-            kda_recurrent(*warm)
-        for T in args.lengths:
-            x = inputs(T, args.device)
-            chunked = best_ms(lambda: kda_chunked(*x, chunk_size=args.chunk), args.rounds, sync)
-            prefix = min(T, 1024)
-            for _ in range(2):  # a 1024-token prefix first; the full length when that projects to < 30 s
-                start = time.perf_counter()
-                o_rec, _ = kda_recurrent(*(t[:, :prefix] for t in x))
-                sync()
-                recurrent = 1e3 * (time.perf_counter() - start) * T / prefix
-                if prefix == T or recurrent > 30_000:
-                    break
-                prefix = T
-            diff = (kda_chunked(*x, chunk_size=args.chunk)[0][:, :prefix] - o_rec).abs().max().item()
-            mark = "*" if prefix < T else " "
-            print(f"{T:>6} {chunked:>11.1f} {recurrent:>12.0f}{mark} {recurrent / chunked:>8.0f}x {diff:>11.1e}")
-        T = args.lengths[-1]
-        x = inputs(T, args.device, strong_decay=True)
-        worst = best_ms(lambda: kda_chunked(*x, chunk_size=args.chunk), 3, sync)
-        print(f"{T:>6} {worst:>11.1f}   (chunked, worst-case decay g = -5)")
+    if fla is None:
+        print("fla-core is not installed (pip install 'tiny-k3[dev]'): the fla column is skipped")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        print(f"\ntorch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
+              f"B=1 H={H} K=V={K} float32, chunk {args.chunk}")
+        print(f"{'T':>6} {'chunked ms':>11} {'fla naive ms':>13} {'vs fla':>7} {'ours rec ms':>12} {'vs ours':>8} "
+              f"{'max |diff|':>11}")
+        with torch.inference_mode():
+            warm = inputs(256, args.device)
+            for _ in range(3):
+                kda_chunked(*warm)
+                kda_recurrent(*warm)
+                if fla is not None:
+                    fla(*warm)
+            for T in args.lengths:
+                x = inputs(T, args.device)
+                chunked = best_ms(lambda: kda_chunked(*x, chunk_size=args.chunk), args.rounds, sync)
+                ours, cut, o_rec = recurrence_ms(kda_recurrent, x, sync)
+                diff = (kda_chunked(*x, chunk_size=args.chunk)[0][:, :o_rec.shape[1]] - o_rec).abs().max().item()
+                if fla is not None:
+                    theirs, cut_fla, _ = recurrence_ms(fla, x, sync)
+                    fla_cols = f"{theirs:>12.0f}{'*' if cut_fla else ' '} {theirs / chunked:>6.1f}x"
+                else:
+                    fla_cols = f"{'-':>13} {'-':>7}"
+                print(f"{T:>6} {chunked:>11.1f} {fla_cols} {ours:>11.0f}{'*' if cut else ' '} "
+                      f"{ours / chunked:>7.1f}x {diff:>11.1e}")
+            T = args.lengths[-1]
+            x = inputs(T, args.device, strong_decay=True)
+            worst = best_ms(lambda: kda_chunked(*x, chunk_size=args.chunk), 3, sync)
+            print(f"{T:>6} {worst:>11.1f}   (chunked, worst-case decay g = -5)")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,40 @@ def test_factored_split_and_pair_by_pair_products_agree(monkeypatch, chunk_size)
     torch.testing.assert_close(fast, slow, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("chunk_size", [4, 16, 64])
+def test_factored_form_equals_the_general_form_and_the_recurrence(monkeypatch, chunk_size):
+    # mild decay (K3's bounded gate at init): every chunk factors around its end, so the fast form runs ...
+    q, k, v, g, beta = _inputs(2, 150, 2, 6, 5, lower_bound=-5.0)
+    h0 = _state(2, 2, 6, 5)
+    calls = []
+    factored = kda_module._chunked_factored
+    monkeypatch.setattr(kda_module, "_chunked_factored", lambda *a: calls.append(1) or factored(*a))
+    fast = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
+    assert calls, "the factored form should have run for a mild decay"
+    # ... and the general form (forced: no range counts as safe) and the definition agree with it
+    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: -1.0)
+    general = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
+    assert len(calls) == 1
+    reference = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    for a, b in [(fast, general), (fast, reference)]:
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64])
+@pytest.mark.parametrize("general", [False, True])
+def test_buffered_state_loop_equals_the_autograd_loop(monkeypatch, chunk_size, general):
+    # without autograd the chunk loop writes into buffers (out=); with it, into lists: the same numbers
+    if general:
+        monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: -1.0)
+    inputs = [t.clone().requires_grad_() for t in _inputs(2, 100, 2, 8, 8, lower_bound=-5.0)]
+    h0 = _state(2, 2, 8, 8)
+    with_grad = kda_chunked(*inputs, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
+    with torch.no_grad():
+        buffered = kda_chunked(*inputs, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
+    assert with_grad[0].requires_grad and not buffered[0].requires_grad
+    torch.testing.assert_close(buffered, tuple(t.detach() for t in with_grad), atol=0, rtol=0)
+
+
 def test_non_contiguous_inputs():
     # slices of one wide tensor (as the layer's split projections are), T a multiple of the chunk
     wide = torch.randn(2, 32, 3, 33, dtype=F64)
@@ -193,11 +227,11 @@ def test_gradcheck_through_chunked(monkeypatch):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-def test_blocked_unit_lower_inverse_and_its_gradient():
+def test_unit_lower_inverse_and_its_gradient():
     A = 0.3 * torch.randn(3, 64, 64, dtype=F64).tril(-1)
     torch.testing.assert_close(kda_module._unit_lower_inverse(A), torch.linalg.inv(torch.eye(64, dtype=F64) + A))
     small = torch.randn(2, 6, 6, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a: kda_module._unit_lower_inverse(a.tril(-1), block=2), small)
+    assert torch.autograd.gradcheck(lambda a: kda_module._unit_lower_inverse(a.tril(-1)), small)
 
 
 def test_bad_shapes_name_the_tensor_and_the_expected_shape():
