@@ -28,11 +28,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tiny_k3.config import DEFAULT_PRESET, K3Config
+from tiny_k3.config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.model import resolve_device
 from tui_widgets import DepthPanel, MemoryPanel, RoutingPanel, StatePanel, Timeline, View, timeline_text
 
-DEFAULT_PROMPT = "key=7; 3+4="
 MIN_WIDTH, MIN_HEIGHT = 120, 36   # below this the four panels cannot show the 896-expert grid
 LOOKAHEAD = 2                     # tokens computed ahead of the cursor, so `n` needs no compute
 RUN_INTERVAL = 0.08               # seconds between steps while running (the display rate)
@@ -94,9 +93,8 @@ class PresetScreen(ModalScreen[str | None]):
         self.current = current
 
     def compose(self) -> ComposeResult:
-        names = [n for n in K3Config.presets() if n != "k3"]
         options = []
-        for name in names:
+        for name in K3Config.runnable_presets():
             c = K3Config.preset(name)
             options.append(Option(f"{name:<12} {c.num_layers:>3} layers, {c.top_k} of {c.num_experts} experts, "
                                   f"d={c.hidden_size}", id=name))
@@ -106,7 +104,7 @@ class PresetScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         ol = self.query_one(OptionList)
-        ol.highlighted = ol.get_option_index(self.current) if self.current != "k3" else 0
+        ol.highlighted = ol.get_option_index(self.current) if self.current not in COUNTED_ONLY else 0
 
     @on(OptionList.OptionSelected)
     def pick(self, event: OptionList.OptionSelected) -> None:
@@ -172,9 +170,8 @@ class K3Commands(Provider):
                 yield f"Head {n}", "show this KDA head", partial(app.select_head, n)
         for layer in range(cfg.num_layers):
             yield f"Go to layer {layer}", f"{cfg.layer_kinds[layer].upper()} layer", partial(app.select_layer, layer)
-        for name in K3Config.presets():
-            if name != "k3":
-                yield f"Preset {name}", "restart on this preset", partial(app.load_session, preset=name)
+        for name in K3Config.runnable_presets():
+            yield f"Preset {name}", "restart on this preset", partial(app.load_session, preset=name)
         yield "Toggle compare mode", "hybrid vs the all-softmax twin", app.action_compare
         yield "Run / pause", "generate continuously", app.action_run
         yield "Edit prompt", "type a new prompt", app.action_edit_prompt
@@ -648,14 +645,14 @@ def _tok(i: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tiny-k3", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default=DEFAULT_PRESET,
-                        help=f"one of: {', '.join(n for n in K3Config.presets() if n != 'k3')}")
+                        help=f"one of: {', '.join(K3Config.runnable_presets())}")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="cpu (default) or cuda; also $TINY_K3_DEVICE")
     args = parser.parse_args(argv)
-    valid = ", ".join(n for n in K3Config.presets() if n != "k3")
-    if args.preset == "k3":
-        print(f"tiny-k3: preset 'k3' is the real 2.8T-parameter model, only counted, never run; "
+    valid = ", ".join(K3Config.runnable_presets())
+    if args.preset in COUNTED_ONLY:
+        print(f"tiny-k3: preset {args.preset!r} is a full-size model, only counted, never run; "
               f"pick one of: {valid}.", file=sys.stderr)
         return 2
     if args.preset not in K3Config.presets():

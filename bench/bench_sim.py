@@ -29,8 +29,7 @@ from sim import Simulation  # noqa: E402
 from sim.memory import format_bytes  # noqa: E402
 from sim.session import RECENT_SNAPSHOTS, SNAPSHOT_EVERY  # noqa: E402
 from tiny_k3.cache import ModelCache  # noqa: E402
-
-PROMPT = "key=7; 3+4="
+from tiny_k3.config import DEFAULT_PROMPT as PROMPT  # noqa: E402
 
 
 def unique_array_bytes(frames) -> int:

@@ -36,14 +36,14 @@ import torch
 
 from checks import check_active_params, check_bias_update, check_route
 from workshop import exercise, load_model, plt, step_slider, trace, try_exercise, weights_note
-from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
+from tiny_k3 import DEFAULT_PROMPT, K3Config, parameter_breakdown, parameter_counts
 from tiny_k3.moe import Router, route
 from tiny_k3.tokenizer import token_text
 
 torch.manual_seed(0)
 cfg = K3Config.preset("small")
 model, trained = load_model("small")
-prompt = "key=7; 3+4="
+prompt = DEFAULT_PROMPT
 ids, recs = trace(model, prompt)   # one TraceRecorder per input token, run through the real decode path
 print(f"preset 'small': {cfg.num_experts} experts, top-{cfg.top_k}, {cfg.num_layers} layers, MoE in layers "
       f"{cfg.moe_layers}; {weights_note(trained)}")

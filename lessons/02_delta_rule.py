@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from checks import check_kda_gate, check_kda_step
 from workshop import exercise, load_model, plt, step_slider, trace, try_exercise, weights_note
-from tiny_k3 import K3Config
+from tiny_k3 import DEFAULT_PROMPT, K3Config
 from tiny_k3.kda import kda_chunked, kda_recurrent
 from tiny_k3.tokenizer import token_text
 
@@ -148,7 +148,7 @@ plt.tight_layout(); plt.show()
 # %%
 model, trained = load_model("small")
 cfg = model.config
-ids, recs = trace(model, "key=7; 3+4=")
+ids, recs = trace(model, DEFAULT_PROMPT)
 layer = cfg.kda_layers[0]
 kda_ev = [dict(rec.of("kda"))[layer] for rec in recs]             # one event per input token
 g_tok = torch.stack([e["g"][0, 0] for e in kda_ev])                    # [T, H, K] log decay per token

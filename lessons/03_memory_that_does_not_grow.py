@@ -34,9 +34,9 @@ from sim.costs import (KIMI_LINEAR_TPOT_MS, decode_step_time, decode_table, kv_o
                        serving_model)
 from sim.memory import (MIB_CONTEXT, cache_bytes, format_bytes, hybrid_reduction, kv_bytes_per_token,
                         memory_curve, project_to_k3, state_bytes_fixed)
-from tiny_k3 import K3Config
+from tiny_k3 import DEFAULT_PROMPT, K3Config
 
-sim = Simulation("small", "key=7; 3+4=", seed=0)      # weights="auto": trained when shipped, else random
+sim = Simulation("small", DEFAULT_PROMPT, seed=0)      # weights="auto": trained when shipped, else random
 sim.run(48)
 cfg = sim.config
 print(sim)

@@ -37,7 +37,7 @@ import torch
 
 from checks import check_block_sources, check_depth_attention
 from workshop import exercise, load_model, plt, step_slider, try_exercise, weights_note
-from tiny_k3 import K3Config, TinyK3, TraceRecorder
+from tiny_k3 import DEFAULT_PROMPT, K3Config, TinyK3, TraceRecorder
 from tiny_k3.attnres import depth_attention
 from tiny_k3.tokenizer import encode, token_text
 
@@ -82,7 +82,7 @@ def same_weights_models(cfg, dtype=torch.float64):
     return models
 
 
-tokens = torch.tensor([encode("key=7; 3+4=")])
+tokens = torch.tensor([encode(DEFAULT_PROMPT)])
 for eps in (1e-12, 1e-5):
     models = same_weights_models(K3Config.preset("small", rms_norm_eps=eps))
     with torch.no_grad():
@@ -145,7 +145,7 @@ print(f"standard: {rms['standard'][0]:.3f} -> {rms['standard'][-1]:.3f};  "
 # %%
 model, trained = load_model("small")
 cfg = model.config
-ids = encode("key=7; 3+4=")
+ids = encode(DEFAULT_PROMPT)
 
 
 def depth_rows(model, ids):

@@ -41,8 +41,9 @@ from workshop import exercise, plt, step_slider, try_exercise
 from sim import Simulation
 from sim import render
 from sim.memory import cache_bytes
+from tiny_k3 import DEFAULT_PROMPT
 
-sim = Simulation("small", "key=7; 3+4=", seed=0)    # weights="auto": trained when shipped, else random
+sim = Simulation("small", DEFAULT_PROMPT, seed=0)    # weights="auto": trained when shipped, else random
 sim.run(6)
 cfg = sim.config
 print(sim)

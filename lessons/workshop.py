@@ -138,22 +138,12 @@ def step_slider(show_step, n: int, start: int = 0, description: str = "step") ->
 
 
 def load_model(preset: str = "small", seed: int = 0, weights: str = "auto"):
-    """(model, trained): the shipped trained weights of `preset` when they exist (weights="auto"),
-    else a random init seeded with `seed`. The lessons' narrative says which one it got."""
-    import torch
+    """(model, trained): `tiny_k3.load_model` on the CPU, the shipped trained weights of `preset` when they
+    exist (weights="auto"), else a random init seeded with `seed`. The lessons' narrative says which one it got."""
+    from tiny_k3 import load_model as build
 
-    from tiny_k3 import K3Config, TinyK3
-    from tiny_k3.weights import available_pretrained
-
-    trained = weights in ("auto", "trained") and preset in available_pretrained()
-    if weights == "trained" and not trained:
-        raise ValueError(f"no trained weights ship for preset {preset!r}.")
-    if trained:
-        model = TinyK3.from_pretrained(preset)
-    else:
-        torch.manual_seed(seed)
-        model = TinyK3(K3Config.preset(preset))
-    return model.eval(), trained
+    model, source = build(preset, weights, seed, "cpu")
+    return model, source == "trained"
 
 
 def trace(model, text: str):

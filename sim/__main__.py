@@ -16,7 +16,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from tiny_k3.config import DEFAULT_PRESET, K3Config
+from tiny_k3.config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 
 from .memory import cache_bytes, format_bytes
 from .render import memory_bars
@@ -26,8 +26,8 @@ from .session import WEIGHTS, Simulation
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0],
                                 epilog="`python -m sim costs` prints K3's serving figures instead.")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(K3Config.presets())}")
-    p.add_argument("--prompt", default="key=7; 3+4=")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(K3Config.runnable_presets())}")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--steps", type=int, default=16, help="tokens to generate after the prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
         return 0
     args = _parser().parse_args(argv)
     try:
-        if args.preset == "k3":
-            raise ValueError("preset 'k3' is the real 2.8T-parameter model and is only counted, never run; "
+        if args.preset in COUNTED_ONLY:
+            raise ValueError(f"preset {args.preset!r} is a full-size model that is only counted, never run; "
                              "`python -m sim costs` prints its serving figures.")
         run(args, console)
     except ValueError as exc:            # ConfigError and CheckpointError are ValueErrors: one sentence each

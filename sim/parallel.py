@@ -60,7 +60,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from tiny_k3 import K3Config, TinyK3
+from tiny_k3 import DEFAULT_PROMPT, K3Config, TinyK3, load_model
 from tiny_k3.moe import LatentMoE, situ_glu
 
 from .costs import ep_traffic_for, expected_destinations
@@ -373,12 +373,8 @@ def comparison(run: EPRun, k3: dict | None = None) -> list[dict]:
 
 def build_model(preset: str, seed: int = 0, dtype: torch.dtype | None = None, device="cpu") -> TinyK3:
     """The model every rank starts from (and the single-process reference): seeded random weights."""
-    cfg = K3Config.preset(preset)
-    if cfg.name == "k3":
-        raise ValueError("preset 'k3' is counted on the meta device only; pick a runnable preset such as 'tiny'.")
-    torch.manual_seed(seed)
-    model = TinyK3(cfg, device=device)
-    return (model.to(dtype) if dtype is not None else model).eval()
+    model = load_model(preset, "random", seed, device).model
+    return model.to(dtype) if dtype is not None else model
 
 
 def _chunks(n_seq: int, world_size: int) -> list[range]:
@@ -677,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hang", action="store_true", help="drill: the --fail-rank stalls instead of dying")
     args = parser.parse_args(argv)
     console = Console()
-    prompts = args.prompt or ["key=7; 3+4=", "The experts live on", "all_to_all", "K3 on 64 GPUs"]
+    prompts = args.prompt or [DEFAULT_PROMPT, "The experts live on", "all_to_all", "K3 on 64 GPUs"]
     fail = None if args.fail_rank is None else (args.fail_rank, args.fail_step) + (("hang",) if args.hang else ())
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     try:

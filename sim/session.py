@@ -27,11 +27,10 @@ import numpy as np
 import torch
 
 from tiny_k3.cache import KDAState, MLACache, ModelCache
-from tiny_k3.config import K3Config
-from tiny_k3.model import TinyK3, resolve_device
+from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
+from tiny_k3.model import WEIGHTS, load_model, resolve_device
 from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import EOS, decode, encode, token_text
-from tiny_k3.weights import CheckpointError, available_pretrained
 
 from .frame import (DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord,
                     SublayerView)
@@ -40,7 +39,6 @@ from .memory import _count
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
 RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost): going back a little replays nothing
-WEIGHTS = ("auto", "trained", "random")
 _EMPTY = np.zeros(0, np.float32)
 _EMPTY.flags.writeable = False
 
@@ -192,41 +190,17 @@ class FrameRecorder(Recorder):
 
 
 def _resolve_config(preset) -> K3Config:
-    config = preset if isinstance(preset, K3Config) else K3Config.preset(preset)
-    if config.name == "k3":
-        runnable = ", ".join(p for p in K3Config.presets() if p != "k3")
-        raise ValueError(f"preset 'k3' is the real 2.8T-parameter model and is only counted, never run; "
-                         f"pick a runnable preset: {runnable}.")
-    return config
-
-
-def _random_model(config: K3Config, seed: int, device: torch.device) -> TinyK3:
-    """Random init from `seed`, on the CPU first so the weights are the same on every device."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = TinyK3(config)
-    return model.to(device)
+    return preset if isinstance(preset, K3Config) else K3Config.preset(preset)
 
 
 def _build_models(config: K3Config, weights: str, seed: int, device: torch.device, twin: bool):
     """(model, source, twin_model or None, twin_source); source is "trained" or "random"."""
-    shipped = config.name in available_pretrained() and config == K3Config.preset(config.name)
-    if weights == "trained" and not shipped:
-        have = ", ".join(available_pretrained()) or "none"
-        raise CheckpointError(f"no trained weights ship for {config.name!r} (presets with weights: {have}); "
-                              f"use weights='auto' or 'random'.")
-    if shipped and weights != "random":
-        model, source = TinyK3.from_pretrained(config.name, device=device), "trained"
-    else:
-        model, source = _random_model(config, seed, device), "random"
-    twin_model, twin_source = None, "none"
-    if twin:  # trained twin weights ship as "<preset>-twin"; without them the twin starts from `seed`
-        if source == "trained" and f"{config.name}-twin" in available_pretrained():
-            twin_model, twin_source = TinyK3.from_pretrained(f"{config.name}-twin", device=device), "trained"
-        else:
-            twin_model, twin_source = _random_model(config.twin(), seed, device), "random"
-        twin_model.eval()
-    return model.eval(), source, twin_model, twin_source
+    model, source = load_model(config, weights, seed, device)
+    if not twin:
+        return model, source, None, "none"
+    # trained twin weights ship as "<preset>-twin"; beside random weights (or without them) it starts from `seed`
+    twin_model, twin_source = load_model(config.twin(), "auto" if source == "trained" else "random", seed, device)
+    return model, source, twin_model, twin_source
 
 
 def _temperature(value) -> float:
@@ -265,7 +239,7 @@ class Simulation:
     of 16 recent snapshots (52 KB, 1.0 MB, 11.6 MB).
     """
 
-    def __init__(self, preset: str | K3Config = "small", prompt: str = "key=7; 3+4=", *, seed: int = 0,
+    def __init__(self, preset: str | K3Config = DEFAULT_PRESET, prompt: str = DEFAULT_PROMPT, *, seed: int = 0,
                  device: str | None = "cpu", temperature: float = 0.0, weights: str = "auto", twin: bool = True,
                  progress=None):
         """progress(done, total), if given, is called after each prompt token; whatever it raises abandons the

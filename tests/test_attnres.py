@@ -21,6 +21,22 @@ def test_weights_sum_to_one_and_follow_the_equation():
     torch.testing.assert_close(h[b, t], (expected_w[:, None] * sources[:, b, t]).sum(0))
 
 
+def test_float64_inputs_are_computed_in_float64():
+    """Like kda_* and the router, float64 sources promote the logits and softmax to float64."""
+    torch.manual_seed(2)
+    sources = torch.randn(6, 1, 4, 16, dtype=torch.float64)
+    query = 3.0 * torch.randn(16, dtype=torch.float64)      # large logits: fp32 rounding would show
+    h, w = depth_attention(sources, query, eps=1e-6)
+    assert h.dtype == w.dtype == torch.float64
+    logits = torch.einsum("nbtd,d->btn", rms_norm(sources, None, 1e-6), query)
+    expected_w = torch.softmax(logits, -1)
+    torch.testing.assert_close(w, expected_w, rtol=0, atol=1e-13)
+    torch.testing.assert_close(h, torch.einsum("btn,nbtd->btd", expected_w, sources), rtol=0, atol=1e-12)
+    # float32 sources still get float32 logits: the same numbers as the float64 run to fp32 precision only
+    _, w32 = depth_attention(sources.float(), query.float(), eps=1e-6)
+    assert w32.dtype == torch.float32 and 1e-9 < (w32.double() - expected_w).abs().max() < 1e-5
+
+
 def test_zero_query_gives_the_mean_and_keys_are_scale_invariant():
     sources = torch.randn(4, 1, 2, 6, dtype=torch.float64)
     h, w = depth_attention(sources, torch.zeros(6, dtype=torch.float64))

@@ -59,3 +59,14 @@ def test_validation_errors_are_one_clear_sentence(changes, needle):
 def test_unknown_preset_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="unknown preset 'k4'; valid presets are: k3, k3-topo"):
         K3Config.preset("k4")
+
+
+def test_runnable_presets_are_all_but_the_counted_only_ones():
+    from tiny_k3 import TinyK3
+    from tiny_k3.config import COUNTED_ONLY
+
+    runnable = K3Config.runnable_presets()
+    assert "k3" in COUNTED_ONLY and "k3" not in runnable and {"tiny", "small", "k3-topo"} <= set(runnable)
+    assert sorted(runnable + sorted(COUNTED_ONLY)) == sorted(K3Config.presets())
+    for name in runnable:   # each one really builds (on meta here: the shapes, not the memory)
+        assert sum(p.numel() for p in TinyK3(K3Config.preset(name), device="meta").parameters()) < 1e9, name

@@ -180,3 +180,100 @@ def test_cache_clone_is_independent():
         b, _ = model(tokens[:, :1], saved)
     torch.testing.assert_close(a, b)
     assert isinstance(saved, ModelCache)
+
+
+def test_every_random_weight_is_drawn_once(monkeypatch):
+    """One init: tiny_k3 gives each weight matrix exactly one N(0, init_std) draw, re-initialising nothing
+    (PyTorch's own constructor defaults, which the one pass replaces, are not counted)."""
+    import sys
+
+    drawn = []
+    real_normal = torch.nn.init.normal_
+
+    def counting_normal(tensor, mean=0.0, std=1.0, generator=None):
+        if "tiny_k3" in sys._getframe(1).f_code.co_filename:
+            drawn.append((tensor.data_ptr(), std))
+        return real_normal(tensor, mean, std, generator)
+
+    monkeypatch.setattr(torch.nn.init, "normal_", counting_normal)
+    cfg = K3Config.preset("tiny")
+    torch.manual_seed(0)
+    model = TinyK3(cfg)
+    ptrs = [ptr for ptr, _ in drawn]
+    assert len(ptrs) == len(set(ptrs)) and {std for _, std in drawn} == {cfg.init_std}
+    matrices = {name for name, p in model.named_parameters() if p.data_ptr() in set(ptrs)}
+    expected = {name for name, p in model.named_parameters()
+                if p.dim() >= 2 and "conv" not in name}            # every Linear, Embedding, router, expert stack
+    assert matrices == expected
+    for name, p in model.named_parameters():
+        if name in expected and p.numel() > 2000:
+            assert abs(p.std().item() / cfg.init_std - 1) < 0.1, name
+        elif name.endswith(("norm.weight", "key_norm", "o_norm_weight")):
+            assert torch.all(p == 1), name
+        elif name.endswith(".query"):
+            assert torch.all(p == 0), name
+
+
+def test_a_recorder_only_watches():
+    """The default do-nothing recorder and a recording one give the same logits and cache."""
+    from tiny_k3 import NO_RECORDER, Recorder
+
+    model = _model("tiny")
+    tokens = _tokens(model.config, 7)
+    calls = []
+
+    class Counting(Recorder):
+        def record(self, event, layer, **data):
+            calls.append(event)
+
+    with torch.no_grad():
+        plain, plain_cache = model(tokens)
+        watched, watched_cache = model(tokens, recorder=Counting())
+    assert torch.equal(plain, watched) and plain_cache.layer_bytes() == watched_cache.layer_bytes()
+    assert calls.count("sublayer") == 2 * model.config.num_layers and calls[-1] == "logits"
+    assert NO_RECORDER.record("moe", 0, scores=None) is None
+
+
+def test_load_model_seeds_on_the_cpu_and_leaves_the_global_rng_alone():
+    from tiny_k3 import load_model
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a, source = load_model("tiny", "random", seed=4, device="cpu")
+    assert torch.equal(torch.get_rng_state(), before) and source == "random" and not a.training
+    b, _ = load_model(K3Config.preset("tiny"), "auto", seed=4)            # no checkpoint ships: random
+    c, _ = load_model("tiny", "random", seed=5)
+    torch.manual_seed(4)
+    by_hand = TinyK3(K3Config.preset("tiny"))
+    for name, p in a.state_dict().items():
+        assert torch.equal(p, b.state_dict()[name]) and torch.equal(p, by_hand.state_dict()[name]), name
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+
+
+def test_load_model_takes_shipped_weights_only_for_their_exact_config():
+    from tiny_k3 import load_model
+    from tiny_k3.weights import CheckpointError, available_pretrained
+
+    if "small" not in available_pretrained():
+        pytest.skip("no shipped checkpoint for 'small'")
+    trained, source = load_model("small")
+    shipped = TinyK3.from_pretrained("small")
+    assert source == "trained" and torch.equal(trained.lm_head.weight, shipped.lm_head.weight)
+    assert load_model("small", "random").source == "random"
+    assert load_model(K3Config.preset("small", top_k=4)).source == "random"     # not the shipped config
+    twin, twin_source = load_model(K3Config.preset("small").twin())
+    assert twin_source == "trained" and set(twin.config.layer_kinds) == {"mla"}
+    with pytest.raises(CheckpointError, match="no trained weights ship for 'tiny'"):
+        load_model("tiny", "trained")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("k3",), "only counted, never run; pick a runnable preset: k3-topo"),
+    (("tiny", "best"), "weights must be one of auto, trained, random"),
+    (("nope",), "unknown preset 'nope'"),
+])
+def test_load_model_bad_input_is_one_sentence(args, message):
+    from tiny_k3 import load_model
+
+    with pytest.raises(ValueError, match=message):
+        load_model(*args)

@@ -318,6 +318,7 @@ def test_a_full_timeline_refuses_one_more_step():
 
 
 def test_auto_weights_take_the_shipped_checkpoints_of_both_models(monkeypatch):
+    import tiny_k3.model as model_module
     from tiny_k3 import TinyK3
     from tiny_k3.weights import config_for
 
@@ -325,15 +326,15 @@ def test_auto_weights_take_the_shipped_checkpoints_of_both_models(monkeypatch):
 
     def fake_from_pretrained(name, device=None):
         loaded.append(name)
-        return session_module._random_model(config_for(name), 7, device)
+        return TinyK3(config_for(name))
 
-    monkeypatch.setattr(session_module, "available_pretrained", lambda: ["tiny", "tiny-twin"])
+    monkeypatch.setattr(model_module, "available_pretrained", lambda: ["tiny", "tiny-twin"])
     monkeypatch.setattr(TinyK3, "from_pretrained", staticmethod(fake_from_pretrained))
     sim = make(prompt="a", weights="auto")
     assert loaded == ["tiny", "tiny-twin"] and (sim.weights, sim.twin_weights) == ("trained", "trained")
     assert all(k == "mla" for k in sim.twin_model.config.layer_kinds)
     loaded.clear()
-    monkeypatch.setattr(session_module, "available_pretrained", lambda: ["tiny"])
+    monkeypatch.setattr(model_module, "available_pretrained", lambda: ["tiny"])
     sim = make(prompt="a", weights="trained")
     assert loaded == ["tiny"] and (sim.weights, sim.twin_weights) == ("trained", "random")
     loaded.clear()

@@ -9,16 +9,16 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from . import K3Config, TinyK3, generate, parameter_breakdown, parameter_counts, resolve_device
-from .config import DEFAULT_PRESET, ConfigError
+from . import K3Config, generate, load_model, parameter_breakdown, parameter_counts, resolve_device
+from .config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, ConfigError
 from .tokenizer import decode, encode
-from .weights import CheckpointError, available_pretrained
+from .weights import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tiny_k3", description=__doc__)
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(K3Config.presets())}")
-    parser.add_argument("--prompt", default="key=7; 3+4=")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None)
@@ -37,16 +37,14 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row("[b]total[/b]", f"[b]{total:,}[/b]")
         table.add_row("[b]active per token[/b]", f"[b]{active:,}[/b] ({active / total:.1%})")
         console.print(table)
-        if cfg.name == "k3":
-            console.print("k3 is counted on the meta device only; pick a runnable preset to generate text.")
+        if cfg.name in COUNTED_ONLY:
+            console.print(f"{cfg.name} is counted on the meta device only; pick a runnable preset to generate text.")
             return 0
         device = resolve_device(args.device)
-        torch.manual_seed(args.seed)
-        trained = cfg.name in available_pretrained()
-        model = TinyK3.from_pretrained(cfg.name, device=device) if trained else TinyK3(cfg).to(device)
+        model, source = load_model(cfg.name, "auto", args.seed, device)
         prompt = torch.tensor([encode(args.prompt)], device=device)
-        out = generate(model.eval(), prompt, args.tokens, temperature=0.0, seed=args.seed)
-        console.print(f"weights: {'trained (shipped)' if trained else 'random (seed ' + str(args.seed) + ')'}")
+        out = generate(model, prompt, args.tokens, temperature=0.0, seed=args.seed)
+        console.print(f"weights: {'trained (shipped)' if source == 'trained' else f'random (seed {args.seed})'}")
         console.print(f"prompt: {args.prompt!r}\ngreedy continuation: {decode(out[0].tolist())!r}")
     except (ConfigError, CheckpointError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -26,13 +26,15 @@ def depth_attention(sources: torch.Tensor, query: torch.Tensor, norm_weight: tor
 
     sources [N, B, T, D] (embedding first), query [D], norm_weight [D] (the key RMSNorm gain).
     Returns h [B, T, D] = the weighted sum of the raw sources, and weights [B, T, N] summing to 1.
+    Logits and softmax in float32, or float64 for float64 sources (as `kda_*` and the router).
     """
     if sources.dim() != 4:
         raise ValueError(f"sources must be [N, B, T, D], got shape {tuple(sources.shape)}.")
     if query.shape != (sources.shape[-1],):
         raise ValueError(f"query must be [D] = [{sources.shape[-1]}], got shape {tuple(query.shape)}.")
     keys = rms_norm(sources, norm_weight, eps)                       # only the keys are normalised
-    logits = torch.einsum("nbtd,d->nbt", keys.float(), query.float())  # depth logits in fp32
+    dtype = torch.promote_types(sources.dtype, torch.float32)         # fp32 logits (float64 for float64 input)
+    logits = torch.einsum("nbtd,d->nbt", keys.to(dtype), query.to(dtype))
     weights = logits.softmax(dim=0)                                   # softmax over depth
     h = torch.einsum("nbt,nbtd->btd", weights.to(sources.dtype), sources)
     return h, weights.permute(1, 2, 0).to(sources.dtype)

@@ -113,10 +113,6 @@ class K3Config:
     def num_sublayers(self) -> int:
         return 2 * self.num_layers
 
-    @property
-    def routing_ratio(self) -> float:
-        return self.num_experts / self.top_k
-
     def twin(self) -> "K3Config":
         """The all-softmax twin: the same model with every attention layer as gated MLA."""
         return dataclasses.replace(self, name=f"{self.name}-twin", layer_kinds=("mla",) * self.num_layers)
@@ -163,6 +159,12 @@ class K3Config:
         return list(_PRESETS)
 
     @staticmethod
+    def runnable_presets() -> list[str]:
+        """The presets small enough to build with real weights: all but the full-size ones, which are
+        only ever built on the meta device (counted, never run)."""
+        return [name for name in _PRESETS if name not in COUNTED_ONLY]
+
+    @staticmethod
     def preset(name: str, **overrides) -> "K3Config":
         """A named preset, optionally with some fields changed: `K3Config.preset("tiny", top_k=4)`."""
         if name not in _PRESETS:
@@ -172,7 +174,8 @@ class K3Config:
 
 
 DEFAULT_PRESET = "small"
-TEST_PRESET = "tiny"
+DEFAULT_PROMPT = "key=7; 3+4="   # the TUI's, the CLIs' and the lessons' prompt
+COUNTED_ONLY = frozenset({"k3"})  # full-size presets: built on the meta device to be counted, never run
 
 
 def _mini(experts: int, top_k: int) -> K3Config:

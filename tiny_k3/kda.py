@@ -25,6 +25,7 @@ from torch import nn
 
 from .cache import KDAState
 from .config import K3Config
+from .probe import NO_RECORDER, Recorder
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -354,28 +355,22 @@ class KDALayer(nn.Module):
         self.A_log = nn.Parameter(torch.empty(H, **kw))
         self.dt_bias = nn.Parameter(torch.empty(H * K, **kw))
         self.g_proj = nn.Linear(D, H * K, bias=False, **kw)                    # output gate, full rank (K3)
-        self.o_norm_weight = nn.Parameter(torch.empty(K, **kw))
+        self.o_norm_weight = nn.Parameter(torch.ones(K, **kw))
         self.o_proj = nn.Linear(H * K, D, bias=False, **kw)
-        self.reset_parameters()
+        self.reset_gate_parameters()
 
-    def reset_parameters(self) -> None:
-        """fla's init (kda.md §3); a no-op on the meta device, which has no data."""
-        if self.A_log.is_meta:
-            return
-        with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    nn.init.normal_(module.weight, 0.0, self.config.init_std)
-            # A_log = log U(1, 16); fla starts it at 0 when the lower-bound gate is used.
-            if self.lower_bound is None:
-                self.A_log.copy_(torch.rand_like(self.A_log, dtype=torch.float32).mul(15).add(1).log())
-            else:
-                self.A_log.zero_()
-            # dt log-uniform in [1e-3, 1e-1] (clamped >= 1e-4); dt_bias = softplus^-1(dt) = dt + log(1 - e^-dt).
-            lo, hi = math.log(1e-3), math.log(1e-1)
-            dt = (torch.rand_like(self.dt_bias, dtype=torch.float32) * (hi - lo) + lo).exp().clamp_min(1e-4)
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-            self.o_norm_weight.fill_(1.0)
+    @torch.no_grad()
+    def reset_gate_parameters(self) -> None:
+        """fla's init of the decay gate (kda.md §3); the projections are TinyK3's `_init_weights`."""
+        # A_log = log U(1, 16); fla starts it at 0 when the lower-bound gate is used.
+        if self.lower_bound is None:
+            self.A_log.copy_(torch.rand_like(self.A_log, dtype=torch.float32).mul(15).add(1).log())
+        else:
+            self.A_log.zero_()
+        # dt log-uniform in [1e-3, 1e-1] (clamped >= 1e-4); dt_bias = softplus^-1(dt) = dt + log(1 - e^-dt).
+        lo, hi = math.log(1e-3), math.log(1e-1)
+        dt = (torch.rand_like(self.dt_bias, dtype=torch.float32) * (hi - lo) + lo).exp().clamp_min(1e-4)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
     def _short_conv(self, x: torch.Tensor, cache: KDAState | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal depthwise conv over time. x [B,T,C] pre-conv q|k|v -> (conv out [B,T,C], new tail [B,W-1,C]).
@@ -390,7 +385,7 @@ class KDALayer(nn.Module):
         out = F.conv1d(full.transpose(1, 2), weight, groups=C).transpose(1, 2)  # no padding: exactly T outputs
         return out, full[:, full.shape[1] - (self.conv_kernel - 1):].clone()  # clone: don't pin all of `full`
 
-    def forward(self, x: torch.Tensor, cache: KDAState | None = None, recorder=None,
+    def forward(self, x: torch.Tensor, cache: KDAState | None = None, recorder: Recorder = NO_RECORDER,
                 layer: int = 0) -> tuple[torch.Tensor, KDAState]:
         """x [B,T,D] -> (y [B,T,D], the KDAState after these T tokens). cache: the state before them, or None."""
         if x.dim() != 3 or x.shape[-1] != self.config.hidden_size:
@@ -421,9 +416,8 @@ class KDALayer(nn.Module):
         kda = kda_recurrent if T == 1 else kda_chunked  # fla: fused_recurrent for decode, chunk for prefill
         extra = {} if T == 1 else {"chunk_size": self.chunk_size}
         o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
-        if recorder is not None:
-            recorder.record("kda", layer, prev_state=None if prev is None else prev.detach(),
-                            state=state.detach(), g=g.detach(), beta=beta.detach())
+        recorder.record("kda", layer, prev_state=None if prev is None else prev.detach(),
+                        state=state.detach(), g=g.detach(), beta=beta.detach())
 
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         o = o.to(fp)

@@ -18,6 +18,7 @@ from torch import nn
 from .cache import MLACache
 from .config import K3Config
 from .norm import RMSNorm
+from .probe import NO_RECORDER, Recorder
 
 
 class GatedMLA(nn.Module):
@@ -29,12 +30,11 @@ class GatedMLA(nn.Module):
         self.scale = c.qk_head_dim ** -0.5
         kw = dict(device=device, dtype=dtype)
         q_width = c.mla_heads * c.qk_head_dim
-        if c.q_lora_rank is None:
-            self.q_proj = nn.Linear(c.hidden_size, q_width, bias=False, **kw)
-        else:
-            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False, **kw)
-            self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, **kw)
-            self.q_b_proj = nn.Linear(c.q_lora_rank, q_width, bias=False, **kw)
+        low_rank = c.q_lora_rank is not None  # q through a normalised low-rank bottleneck, or one projection
+        self.q_proj = None if low_rank else nn.Linear(c.hidden_size, q_width, bias=False, **kw)
+        self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False, **kw) if low_rank else None
+        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, **kw) if low_rank else None
+        self.q_b_proj = nn.Linear(c.q_lora_rank, q_width, bias=False, **kw) if low_rank else None
         self.kv_a_proj = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_dim, bias=False, **kw)
         self.kv_norm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps, **kw)
         self.kv_b_proj = nn.Linear(c.kv_lora_rank, c.mla_heads * (c.qk_nope_dim + c.v_head_dim), bias=False, **kw)
@@ -43,10 +43,10 @@ class GatedMLA(nn.Module):
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, D] -> q [B, T, H, nope + rope]."""
-        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_norm(self.q_a_proj(x)))
+        q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_norm(self.q_a_proj(x)))
         return q.view(*x.shape[:2], self.heads, self.nope + self.rope)
 
-    def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder=None,
+    def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder: Recorder = NO_RECORDER,
                 layer: int = 0) -> tuple[torch.Tensor, MLACache]:
         """x [B, T, D] (already RMS-normed) -> (y [B, T, D], cache grown by T tokens)."""
         B, T, _ = x.shape
@@ -71,6 +71,5 @@ class GatedMLA(nn.Module):
         attn = torch.einsum("bhts,bshd->bthd", probs, v)
         gate = torch.sigmoid(self.g_proj(x)).view(B, T, self.heads, self.v_dim)
         y = self.o_proj((attn * gate).reshape(B, T, self.heads * self.v_dim))
-        if recorder is not None:
-            recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
+        recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
         return y, MLACache(latent, k_rope)

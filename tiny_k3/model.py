@@ -13,17 +13,21 @@ With `residual="standard"` the sources collapse into the usual running sum x += 
 from __future__ import annotations
 
 import os
+from functools import partial
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .attnres import DepthAttention, DepthStream
 from .cache import ModelCache
-from .config import K3Config
+from .config import COUNTED_ONLY, ConfigError, K3Config
 from .kda import KDALayer
 from .mla import GatedMLA
 from .moe import GatedMLP, LatentMoE
 from .norm import RMSNorm
+from .probe import NO_RECORDER, Recorder
+from .weights import CheckpointError, available_pretrained, config_for, load_pretrained
 
 
 class Block(nn.Module):
@@ -40,28 +44,36 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.mlp = (GatedMLP(config.hidden_size, config.dense_intermediate, config, **kw)
                     if self.mlp_kind == "dense" else LatentMoE(config, **kw))
-        if config.residual != "standard":
-            self.attn_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw)
-            self.mlp_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw)
+        depth = config.residual != "standard"  # the standard residual reads no depth weights
+        self.attn_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw) if depth else None
+        self.mlp_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw) if depth else None
 
-    def forward(self, stream: DepthStream, cache: ModelCache, recorder=None) -> None:
+    def forward(self, stream: DepthStream, cache: ModelCache, recorder: Recorder = NO_RECORDER) -> None:
         i = self.index
-        h, weights = stream.read(getattr(self, "attn_res", None))
-        if recorder is not None:
-            recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
+        h, weights = stream.read(self.attn_res)
+        recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
         out, cache.layers[i] = self.attn(self.attn_norm(h), cache.layers[i], recorder=recorder, layer=i)
-        if recorder is not None:
-            recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
+        recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
         stream.add(out)
 
-        h, weights = stream.read(getattr(self, "mlp_res", None))
-        if recorder is not None:
-            recorder.record("depth", i, site="mlp", weights=weights, h=h.detach())
+        h, weights = stream.read(self.mlp_res)
+        recorder.record("depth", i, site="mlp", weights=weights, h=h.detach())
         x = self.mlp_norm(h)
         out = self.mlp(x) if self.mlp_kind == "dense" else self.mlp(x, recorder=recorder, layer=i)
-        if recorder is not None:
-            recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=out.detach())
+        recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=out.detach())
         stream.add(out)
+
+
+def _init_weights(module: nn.Module, std: float) -> None:
+    """nanoGPT's one initialisation pass: every nn.Linear and nn.Embedding weight ~ N(0, std).
+
+    std is the config's init_std (K3 / DeepSeek-V3 `initializer_range`). The other parameters start
+    where they are declared, once: the router and the stacked experts at N(0, std) (moe.py), KDA's
+    A_log and dt_bias as fla does (`KDALayer.reset_gate_parameters`), norm gains at 1, depth queries
+    at 0 (attnres.md §3), and the short convolutions at PyTorch's default, as fla's.
+    """
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, 0.0, std)
 
 
 class TinyK3(nn.Module):
@@ -72,27 +84,21 @@ class TinyK3(nn.Module):
         kw = dict(device=device, dtype=dtype)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **kw)
         self.blocks = nn.ModuleList(Block(config, i, **kw) for i in range(config.num_layers))
-        if config.residual != "standard":
-            self.out_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw)
+        self.out_res = (DepthAttention(config.hidden_size, config.rms_norm_eps, **kw)
+                        if config.residual != "standard" else None)
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **kw)
-        if torch.device(device or "cpu").type != "meta":
-            self._init_linear_weights()
-
-    def _init_linear_weights(self) -> None:
-        std = self.config.init_std
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, std)
+        self.apply(partial(_init_weights, std=config.init_std))
 
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
 
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None,
-                recorder=None) -> tuple[torch.Tensor, ModelCache]:
+                recorder: Recorder | None = None) -> tuple[torch.Tensor, ModelCache]:
         """tokens [B, T] (long) -> (logits [B, T, vocab], the cache advanced by T tokens)."""
         cfg = self.config
+        recorder = NO_RECORDER if recorder is None else recorder
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise ValueError(f"tokens must be a non-empty [B, T] tensor of ids, got shape {tuple(tokens.shape)}.")
         if int(tokens.min()) < 0 or int(tokens.max()) >= cfg.vocab_size:
@@ -103,17 +109,14 @@ class TinyK3(nn.Module):
                              f"{cfg.name!r} allows ({cfg.max_seq_len} tokens).")
 
         x = self.embed(tokens)
-        if recorder is not None:
-            recorder.record("embed", -1, x=x.detach())
+        recorder.record("embed", -1, x=x.detach())
         stream = DepthStream(x, cfg.residual, cfg.attnres_block_size)
         for block in self.blocks:
             block(stream, cache, recorder)
-        h, weights = stream.read(getattr(self, "out_res", None))
-        if recorder is not None:
-            recorder.record("depth", cfg.num_layers, site="out", weights=weights, h=h.detach())
+        h, weights = stream.read(self.out_res)
+        recorder.record("depth", cfg.num_layers, site="out", weights=weights, h=h.detach())
         logits = self.lm_head(self.final_norm(h))
-        if recorder is not None:
-            recorder.record("logits", cfg.num_layers, logits=logits.detach())
+        recorder.record("logits", cfg.num_layers, logits=logits.detach())
         cache.position += tokens.shape[1]
         return logits, cache
 
@@ -124,9 +127,45 @@ class TinyK3(nn.Module):
     @classmethod
     def from_pretrained(cls, preset: str, device=None) -> "TinyK3":
         """The shipped trained weights of a preset (tiny_k3/weights/<preset>.safetensors)."""
-        from .weights import load_pretrained
-
         return load_pretrained(cls, preset, device=device)
+
+
+WEIGHTS = ("auto", "trained", "random")
+
+
+class LoadedModel(NamedTuple):
+    model: TinyK3   # in eval mode, on the asked device
+    source: str     # "trained" (the shipped checkpoint) or "random" (seeded init)
+
+
+def load_model(preset: str | K3Config, weights: str = "auto", seed: int = 0, device=None) -> LoadedModel:
+    """The one way to build a runnable model (the simulator, the lessons and the CLIs all come here).
+
+    preset: a preset name, a checkpoint name such as "small-twin", or a K3Config.
+    weights: "auto" = the shipped trained weights when the config is exactly a shipped checkpoint's, else a
+    random init; "trained" = those weights or a CheckpointError; "random" = always the seeded init.
+    Random weights are drawn on the CPU from `seed` and then moved, so a seed gives the same weights on
+    every device; the caller's global RNG is left as it was. device: as `resolve_device` (None: CPU or
+    $TINY_K3_DEVICE).
+    """
+    config = preset if isinstance(preset, K3Config) else config_for(preset)
+    if config.name in COUNTED_ONLY:
+        raise ConfigError(f"preset {config.name!r} is a full-size model that is only counted, never run; "
+                          f"pick a runnable preset: {', '.join(K3Config.runnable_presets())}.")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
+    shipped = config.name in available_pretrained() and config == config_for(config.name)
+    if weights == "trained" and not shipped:
+        have = ", ".join(available_pretrained()) or "none"
+        raise CheckpointError(f"no trained weights ship for {config.name!r} (presets with weights: {have}); "
+                              f"use weights='auto' or 'random'.")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if shipped and weights != "random":
+            model, source = TinyK3.from_pretrained(config.name), "trained"
+        else:
+            model, source = TinyK3(config), "random"
+    return LoadedModel(model.to(resolve_device(device)).eval(), source)
 
 
 def resolve_device(device: str | None = None) -> torch.device:

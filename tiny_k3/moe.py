@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 from .config import K3Config
 from .norm import RMSNorm
+from .probe import NO_RECORDER, Recorder
 
 
 class Routing(NamedTuple):
@@ -78,8 +79,6 @@ class GatedMLP(nn.Module):
         self.w1 = nn.Linear(d_in, d_hidden, bias=False, device=device, dtype=dtype)  # gate
         self.w3 = nn.Linear(d_in, d_hidden, bias=False, device=device, dtype=dtype)  # up
         self.w2 = nn.Linear(d_hidden, d_in, bias=False, device=device, dtype=dtype)  # down
-        for linear in (self.w1, self.w3, self.w2):
-            nn.init.normal_(linear.weight, std=config.init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(situ_glu(self.w1(x), self.w3(x), self.beta_gate, self.beta_up))
@@ -154,7 +153,7 @@ class LatentMoE(nn.Module):
         self.up = nn.Linear(l, D, bias=False, device=device, dtype=dtype)
         self.shared = (GatedMLP(D, c.num_shared_experts * c.shared_intermediate, c, device=device, dtype=dtype)
                        if c.num_shared_experts else None)
-        for weight in (self.down.weight, self.up.weight, self.w1, self.w3, self.w2):
+        for weight in (self.w1, self.w3, self.w2):  # nn.Linear weights are TinyK3's `_init_weights`
             nn.init.normal_(weight, std=c.init_std)
         self._last_ids: torch.Tensor | None = None
 
@@ -165,7 +164,7 @@ class LatentMoE(nn.Module):
             return torch.zeros(self.config.num_experts, device=self.w1.device)
         return torch.bincount(self._last_ids, minlength=self.config.num_experts).float()
 
-    def forward(self, x: torch.Tensor, recorder=None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]."""
         if x.shape[-1] != self.config.hidden_size:
             raise ValueError(f"LatentMoE expects inputs of width hidden_size={self.config.hidden_size}, "
@@ -173,9 +172,8 @@ class LatentMoE(nn.Module):
         routing = self.router(x)
         ids = routing.expert_ids.reshape(-1)                        # [P], P = N*k pairs, token-major
         self._last_ids = ids.detach()                               # counted lazily by `last_load`
-        if recorder is not None:
-            recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
-                            expert_ids=routing.expert_ids.detach(), weights=routing.weights.detach())
+        recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
+                        expert_ids=routing.expert_ids.detach(), weights=routing.weights.detach())
         z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
         y = self._experts(z, ids, routing.weights.reshape(-1).to(z.dtype))
         return self._combine(y.reshape(*x.shape[:-1], -1), x)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import torch
 
 from .config import K3Config
 
@@ -57,7 +56,3 @@ def parameter_counts(config: K3Config) -> tuple[int, int]:
     total = sum(parts.values())
     idle_experts = parts["routed_experts"] * (config.num_experts - config.top_k) // config.num_experts
     return total, total - parts["embedding"] - idle_experts
-
-
-def count_module_parameters(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -1,7 +1,8 @@
 """The Recorder: how the model reports what happened inside it, to whoever is watching.
 
-The model calls `recorder.record(event, layer, **tensors)` only when a recorder was passed; with
-none it does no extra work at all. Events, in execution order for one forward call:
+The model calls `recorder.record(event, layer, **tensors)` at every event below; without a recorder
+it reports into `NO_RECORDER`, which ignores everything (a method call and a few `detach` views per
+sublayer, nothing copied). Events, in execution order for one forward call:
 
 | event        | layer            | tensors                                                                  |
 |--------------|------------------|--------------------------------------------------------------------------|
@@ -26,8 +27,11 @@ import torch
 class Recorder:
     """Base recorder: receives every event and ignores it. Subclass and override `record`."""
 
-    def record(self, event: str, layer: int, **data: Any) -> None:  # pragma: no cover - interface
+    def record(self, event: str, layer: int, **data: Any) -> None:
         pass
+
+
+NO_RECORDER = Recorder()  # the default of every forward: nobody is watching
 
 
 class TraceRecorder(Recorder):
