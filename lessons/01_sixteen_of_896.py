@@ -21,7 +21,9 @@
 # bill, active parameters set the compute bill.
 #
 # In this lesson you will
-# 1. follow the router's decision for one real token: sigmoid scores, selection bias, top-k, renormalisation;
+# 0. see the whole model on one diagram: where a token goes and where the memory lives;
+# 1. follow the router's decision for one real token: sigmoid scores, selection bias, top-k, renormalisation,
+#    and compute one MoE sublayer by hand — what one expert computes and how the 16 are mixed;
 # 2. see why the selection bias exists (expert load) and watch it balance a skewed router;
 # 3. count total vs active parameters from the real modules — K3 built on PyTorch's `meta` device;
 # 4. see what *latent* MoE changes, and how the `mini-56/1 … mini-896/16` family trades expert size for count.
@@ -34,20 +36,38 @@ import math
 import numpy as np
 import torch
 
-from checks import check_active_params, check_bias_update, check_route
-from workshop import exercise, load_model, plt, step_slider, trace, try_exercise, weights_note
+from checks import check_active_params, check_bias_update, check_route, hint  # noqa: F401  (hint: for you)
+from diagram import draw_architecture
+from workshop import (bar_labels, exercise, heatmap, integer_ticks, load_model, plt, step_slider,
+                      trace, try_exercise, weights_note)
 from tiny_k3 import DEFAULT_PROMPT, K3Config, parameter_breakdown, parameter_counts
-from tiny_k3.moe import Router, route
+from tiny_k3.moe import Router, route, situ_glu
+from tiny_k3.norm import rms_norm
 from tiny_k3.tokenizer import token_text
 
+facts = {}                         # what the prose below claims, measured here (tests/test_lessons.py checks it)
 torch.manual_seed(0)
 cfg = K3Config.preset("small")
 model, trained = load_model("small")
-prompt = DEFAULT_PROMPT
+prompt = DEFAULT_PROMPT          # the prompt the TUI and the other lessons use
 ids, recs = trace(model, prompt)   # one TraceRecorder per input token, run through the real decode path
+facts["trained"] = trained
 print(f"preset 'small': {cfg.num_experts} experts, top-{cfg.top_k}, {cfg.num_layers} layers, MoE in layers "
       f"{cfg.moe_layers}; {weights_note(trained)}")
-print("tokens:", " ".join(token_text(i) for i in ids))
+print(f"prompt {prompt!r} ->", " ".join(repr(token_text(i)) for i in ids))
+
+# %% [markdown]
+# ## 0. The map: one token's path, and where the memory lives
+#
+# The diagram is drawn from the config (`lessons/diagram.py`). Each layer is an attention sublayer (KDA or
+# gated MLA, 3:1) followed by an MLP sublayer (a dense MLP in the first layer, latent MoE after). Before every
+# sublayer, Attention Residuals read the depth sources (lesson 4). Under each layer: what decoding keeps
+# between tokens — a fixed state for KDA (lesson 2), a cache that grows by one row per token for MLA (lesson 3).
+# On the right, the inside of one MoE sublayer: this lesson.
+
+# %%
+draw_architecture(cfg)
+plt.show()
 
 # %% [markdown]
 # ## 1. The router, for one token
@@ -74,39 +94,89 @@ layer = cfg.moe_layers[0]
 ev = moe_events(recs[-1])[layer]
 s, b = ev["scores"][0, 0], ev["bias"]
 chosen, w = ev["expert_ids"][0, 0], ev["weights"][0, 0]
-print(f"layer {layer}, token {token_text(ids[-1])!r}: scores in [{s.min():.4f}, {s.max():.4f}], "
-      f"bias in [{b.min():.4f}, {b.max():.4f}]")
+print(f"layer {layer}, token {token_text(ids[-1])!r}: scores s in [{s.min():.3f}, {s.max():.3f}], "
+      f"bias b in [{b.min():+.3f}, {b.max():+.3f}]")
 print(" rank  expert   score s   bias b    s + b    weight")
 for r, (e, wt) in enumerate(zip(chosen.tolist(), w.tolist())):
-    print(f"{r:5d}  {e:6d}   {s[e]:.5f}  {b[e]:+.4f}  {s[e] + b[e]:.5f}   {wt:.4f}")
-print(f"weights sum to {w.sum():.6f}; {cfg.num_experts - cfg.top_k} experts stay idle for this token")
+    print(f"{r:5d}  {e:6d}   {s[e]:.4f}  {b[e]:+.4f}  {s[e] + b[e]:.4f}   {wt:.4f}")
+by_score = set(s.topk(cfg.top_k).indices.tolist())
+facts.update(score_min=float(s.min()), score_max=float(s.max()), bias_min=float(b.min()), bias_max=float(b.max()),
+             weight_min=float(w.min()), weight_max=float(w.max()),
+             chosen_because_of_bias=len(set(chosen.tolist()) - by_score))
+print(f"weights sum to {w.sum():.6f}; from {w.min():.4f} to {w.max():.4f} (1/k = {1 / cfg.top_k:.4f}); "
+      f"{cfg.num_experts - cfg.top_k} experts stay idle for this token")
+print(f"{facts['chosen_because_of_bias']} of the {cfg.top_k} chosen experts would NOT be chosen by the score "
+      "alone: the bias put them in")
 
 # %% [markdown]
-# With random initial weights the router's logits are tiny, so every score sits near σ(0) = 0.5 and
-# the choice rides on differences in the third decimal; a trained router is far more decisive. Either
-# way exactly 16 experts are lit. The 896 experts drawn as 16 rows of 56 (K3's 56:1 ratio, one chosen
-# expert per row on average):
+# Three things to read off the table (the test suite checks each on this very model):
+#
+# * **The scores.** A trained router is decisive: its scores spread over most of (0, 1). (With random
+#   initial weights every logit is tiny and every score sits near σ(0) = 0.5.)
+# * **The bias is as large as the scores.** Here it spans a range of the same order as the scores, so it does
+#   not just break ties: it decides a good part of *which* experts win (the count above).
+# * **The 16 weights are nearly flat** — within a factor of about 2 of each other and of 1/k. They are the
+#   chosen scores divided by their sum, and the chosen 16 are the best of 896, so they are all close to the top.
+#   The routed part of the output is close to a plain average of 16 experts; *which* 16 is the decision.
+#
+# The 896 experts drawn as 16 rows of 56 (K3's 56:1 ratio, one chosen expert per row on average):
 
 # %%
 def draw_routing(ax_grid, ax_bars, ev, title):
     s, chosen, w = ev["scores"][0, 0], ev["expert_ids"][0, 0], ev["weights"][0, 0]
     grid = s.numpy().reshape(16, -1)
-    ax_grid.imshow(grid, cmap="Greys", aspect="auto")
+    heatmap(ax_grid, grid, label="router score s = σ(W_r x)", vmin=0, vmax=1, cmap="Greys",
+            xlabel="expert id mod 56", ylabel="expert id // 56")
     rows, cols = np.divmod(chosen.numpy(), grid.shape[1])
-    ax_grid.scatter(cols, rows, s=28, c="crimson", marker="s", label="chosen (top-k of s + b)")
+    ax_grid.scatter(cols, rows, s=40, c="crimson", marker="s", label="chosen (top-k of s + b)")
     ax_grid.set_title(title)
-    ax_grid.set_xlabel("expert id mod 56"), ax_grid.set_ylabel("expert id // 56")
-    ax_grid.grid(False)
-    ax_grid.legend(loc="upper right", fontsize=7)
+    integer_ticks(ax_grid, "both")
+    ax_grid.legend(loc="upper right", framealpha=0.9)
     ax_bars.bar(range(len(w)), w.numpy(), color="crimson")
-    ax_bars.axhline(1 / len(w), color="k", lw=0.8, ls="--", label="1/k")
-    ax_bars.set_xticks(range(len(w)), [str(e) for e in chosen.tolist()], rotation=90, fontsize=6)
-    ax_bars.set_title("renormalised weights (sum 1)"), ax_bars.legend(fontsize=7, loc="lower right")
+    ax_bars.axhline(1 / len(w), color="k", lw=1, ls="--", label="1/k")
+    ax_bars.set_xticks(range(len(w)), [str(e) for e in chosen.tolist()], rotation=90)
+    ax_bars.set_xlabel("chosen expert id"), ax_bars.set_ylabel("weight w")
+    ax_bars.set_title("renormalised weights (sum 1)"), ax_bars.legend(loc="lower right")
 
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2), gridspec_kw={"width_ratios": [2.2, 1]})
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.2), gridspec_kw={"width_ratios": [2.2, 1]})
 draw_routing(a1, a2, ev, f"layer {layer}: scores of all {cfg.num_experts} experts")
 plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ### What the chosen experts compute, and how they are mixed
+#
+# One routed expert is a small gated MLP in the *latent* width ℓ: E_j(z) = W2_j SiTU-GLU(W1_j z, W3_j z),
+# ℓ → m → ℓ (moe.md §3; K3: 3584 → 3072 → 3584). The MoE sublayer (moe.md §4) projects the token down once,
+# z = W_down x, runs the 16 chosen experts on z, mixes them with the router's weights, normalises the sum, projects
+# it back up, and adds the **shared experts**, which run on every token at full width:
+#
+# out = W_up RMSNorm( Σ_j w_j E_j(z) ) + Shared(x)
+#
+# Here it is by hand for the token above, against the model's own `LatentMoE.forward`:
+
+# %%
+moe_layer = model.blocks[layer].mlp
+depth_reads = [(lay, d) for lay, d in recs[-1].of("depth") if lay == layer and d["site"] == "mlp"]
+h_in = depth_reads[0][1]["h"]                                # the AttnRes read before this MoE sublayer
+with torch.no_grad():
+    x = model.blocks[layer].mlp_norm(h_in)[0, 0]             # its PreNorm: what the MoE sees   [D]
+    z = moe_layer.down(x)                                    # down to the latent               [l]
+    expert_out = torch.stack([moe_layer.w2[e] @ situ_glu(moe_layer.w1[e] @ z, moe_layer.w3[e] @ z,
+                                                          cfg.situ_beta_gate, cfg.situ_beta_up)
+                              for e in chosen.tolist()])    # one row per chosen expert        [k, l]
+    mixed = (w[:, None].to(z.dtype) * expert_out).sum(0)     # the weighted sum                 [l]
+    routed = moe_layer.up(moe_layer.latent_norm(mixed))      # norm after the full sum, back up [D]
+    shared = moe_layer.shared(x)                             # the shared experts               [D]
+    by_hand = routed + shared
+    real = moe_layer(x[None, None])[0, 0]
+facts["moe_by_hand_max_diff"] = float((by_hand - real).abs().max())
+rms = lambda v: float(v.pow(2).mean().sqrt())  # noqa: E731
+print(f"x [{cfg.hidden_size}] -> z [{cfg.latent_dim}] -> {cfg.top_k} experts, each [{cfg.latent_dim}] -> "
+      f"weighted sum -> RMSNorm -> up [{cfg.hidden_size}] + shared")
+print(f"by hand vs LatentMoE.forward: max |diff| = {facts['moe_by_hand_max_diff']:.1e}")
+print(f"RMS of the routed part {rms(routed):.3f}, of the shared experts {rms(shared):.3f}; the 16 expert "
+      f"outputs have RMS {', '.join(f'{rms(o):.3f}' for o in expert_out[:4])}, …")
 
 # %% [markdown]
 # ### Step through the prompt
@@ -116,7 +186,7 @@ plt.tight_layout(); plt.show()
 # %%
 def show_step(i, layer=cfg.moe_layers[-1]):
     ev = moe_events(recs[i])[layer]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 2.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.0), gridspec_kw={"width_ratios": [2.2, 1]})
     draw_routing(a1, a2, ev, f"token {i} {token_text(ids[i])!r}, layer {layer}")
     plt.tight_layout(); plt.show()
 
@@ -171,17 +241,18 @@ with torch.no_grad():
         history.append((load.max() / load.mean()).item())
         router.update_bias(load, rate=1e-3)
 load_after = load
+facts.update(balance_before=history[0], balance_after=history[-1])
 print(f"max/mean load: {history[0]:.1f} before, {history[-1]:.2f} after 120 updates; "
       f"idle experts: {(load_before == 0).sum()} -> {(load_after == 0).sum()}")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
 a1.plot(load_before.sort(descending=True).values, label="before")
 a1.plot(load_after.sort(descending=True).values, label="after balancing")
-a1.axhline(load.mean(), color="k", ls="--", lw=0.8, label="mean = k·T/E")
-a1.set_xlabel("experts, busiest first"), a1.set_ylabel("tokens routed"), a1.legend()
-a1.set_yscale("symlog", linthresh=1), a1.set_ylim(bottom=0)
-a2.plot(history), a2.set_xlabel("bias update"), a2.set_ylabel("max / mean load"), a2.set_yscale("log")
-a2.set_title("aux-loss-free balancing (Router.update_bias)")
+a1.axhline(load.mean(), color="k", ls="--", lw=1, label="mean = k·T/E")
+a1.set_xlabel("experts, busiest first"), a1.set_ylabel("tokens routed (symlog)"), a1.legend()
+a1.set_yscale("symlog", linthresh=1), a1.set_ylim(bottom=0), integer_ticks(a1, "x")
+a2.plot(history), a2.set_xlabel("bias update (batch)"), a2.set_ylabel("max / mean load (log)"), a2.set_yscale("log")
+a2.set_title("aux-loss-free balancing (Router.update_bias)"), integer_ticks(a2, "x")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -203,13 +274,15 @@ for name, n in sorted(parts.items(), key=lambda kv: -kv[1]):
     act = routed_active if name == "routed_experts" else (0 if name == "embedding" else n)
     print(f"  {name:15s} {n / 1e9:9.2f}B stored   {act / 1e9:7.2f}B active")
 
+facts.update(k3_total=total, k3_active=active)
 names = sorted(parts, key=lambda n: -parts[n])
-fig, ax = plt.subplots(figsize=(9, 3))
+fig, ax = plt.subplots(figsize=(12, 4.2))
 xs = np.arange(len(names))
-ax.bar(xs - 0.2, [parts[n] / 1e9 for n in names], 0.4, label="stored (total)")
+stored = ax.bar(xs - 0.2, [parts[n] / 1e9 for n in names], 0.4, label="stored (total)")
 ax.bar(xs + 0.2, [(routed_active if n == "routed_experts" else 0 if n == "embedding" else parts[n]) / 1e9
                   for n in names], 0.4, label="active per token")
-ax.set_yscale("log"), ax.set_ylabel("parameters (billions)"), ax.set_xticks(xs, names, rotation=30, fontsize=7)
+bar_labels(ax, stored, lambda v: f"{v:.3g}B")
+ax.set_yscale("log"), ax.set_ylabel("parameters (billions, log)"), ax.set_xticks(xs, names, rotation=25, ha="right")
 ax.set_title(f"K3 on the meta device: {total / 1e12:.2f}T stored, {active / 1e9:.0f}B active"), ax.legend()
 plt.tight_layout(); plt.show()
 
@@ -262,23 +335,24 @@ print(f"{'preset':12s} {'total':>10s} {'active':>9s} {'routed':>10s} {'per exper
 for r in rows:
     print(f"{r[0]:12s} {r[1]:>10,} {r[2]:>9,} {r[3]:>10,} {r[4]:>10,} {r[5]:>8,} {r[6]:>12.1f}")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
 labels = [r[0][5:] for r in rows]
 a1.bar(labels, [r[6] for r in rows], color="tab:purple"), a1.set_ylabel("log10 (expert combinations)")
-a1.set_title("choices per token: C(N, k)")
+a1.set_title("choices per token: C(N, k)"), a1.set_xlabel("experts N / top-k")
 a2.plot(labels, [r[2] / 1e6 for r in rows], "o-", label="active")
 a2.plot(labels, [(r[2] - r[5]) / 1e6 for r in rows], "s--", label="active without the router")
 a2.set_ylabel("parameters (M)"), a2.set_title("active parameters per token"), a2.legend()
+a2.set_xlabel("experts N / top-k")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # ## Exercises
 #
 # Write the function, then run the cell: the check tests it on random inputs against the project's own
-# implementation and tells you what is off. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
+# implementation and tells you what is off. Stuck? `hint("1.1")` names the idea, `hint("1.1", 2)` the formula. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
 # solutions from `lessons/solutions/`.)
 #
-# ### Exercise 1.1 — route a batch of tokens
+# ### Exercise 1.1 — route a batch of tokens (★☆☆, about 10 min)
 # Top-k of s + b for the selection, the unbiased s for the weights, renormalised to sum to 1.
 
 # %% tags=["exercise"]
@@ -292,7 +366,7 @@ def my_route(scores, bias, top_k):
 try_exercise(check_route, my_route)
 
 # %% [markdown]
-# ### Exercise 1.2 — active parameters from the breakdown
+# ### Exercise 1.2 — active parameters from the breakdown (★☆☆, about 8 min)
 # Given `parameter_breakdown(config)` (parameters per part), return what one token touches.
 
 # %% tags=["exercise"]
@@ -306,7 +380,7 @@ def my_active_params(parts, num_experts, top_k):
 try_exercise(check_active_params, my_active_params)
 
 # %% [markdown]
-# ### Exercise 1.3 — one step of aux-loss-free balancing
+# ### Exercise 1.3 — one step of aux-loss-free balancing (★☆☆, about 6 min)
 # Overloaded experts (load above the mean) go down by `rate`, underloaded ones up, balanced ones stay.
 
 # %% tags=["exercise"]

@@ -28,8 +28,9 @@
 # | **KDA** | S' = Diag(exp g_t) S_{t−1};  S_t = S' + β_t k_t (v_t − S'ᵀ k_t)ᵀ | forgets **per key channel** |
 #
 # and every variant reads o_t = S_tᵀ (scale · q_t). In this lesson: the delta rule's correction made
-# visible on an associative-recall task; the recurrent form equals the chunked form numerically; the
-# state of a real KDA layer changing token by token; and what per-channel decay buys.
+# visible on an associative-recall task; what per-channel decay buys; the recurrent form equals the chunked
+# form numerically; the short convolution in front of the memory and the tail it caches; and the state of a
+# real KDA layer changing token by token.
 
 # %%
 import math
@@ -38,12 +39,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checks import check_kda_gate, check_kda_step
-from workshop import exercise, load_model, plt, step_slider, trace, try_exercise, weights_note
+from checks import check_kda_gate, check_kda_step, hint  # noqa: F401  (hint: for you)
+from workshop import (exercise, heatmap, integer_ticks, load_model, plt, step_slider, trace,
+                      try_exercise, weights_note)
 from tiny_k3 import DEFAULT_PROMPT, K3Config
 from tiny_k3.kda import kda_chunked, kda_recurrent
 from tiny_k3.tokenizer import token_text
 
+facts = {}                         # what the prose below claims, measured here (tests/test_lessons.py checks it)
 torch.manual_seed(0)
 f64 = dict(dtype=torch.float64)
 
@@ -121,14 +124,16 @@ for t in range(T):
 S_check = delta_memory(list(keys[which]), list(values))
 print(f"loop vs kda_recurrent: max |diff| = {(S_check - S_delta).abs().max():.1e}")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+facts.update(recall_error_linear=err_lin[-1], recall_error_delta=err_delta[-1])
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
 a1.plot(err_lin, label="linear attention"), a1.plot(err_delta, label="delta rule")
-a1.set_xlabel("writes"), a1.set_ylabel("relative recall error of the latest values"), a1.legend()
-a1.set_title("associative recall with overwrites")
+a1.set_xlabel("writes"), a1.set_ylabel("relative recall error"), a1.legend(), integer_ticks(a1, "x")
+a1.set_title("recall of the latest values, with overwrites")
 a2.plot(write_lin, label="linear: ‖k vᵀ‖"), a2.plot(write_delta, label="delta: ‖k (v − Sᵀk)ᵀ‖")
 repeat_at = [t for t in range(T) if restate[t] and (which[:t] == which[t]).any()]
-a2.plot(repeat_at, [write_delta[t] for t in repeat_at], "k.", label="restated values")
-a2.set_xlabel("writes"), a2.set_ylabel("size of the write"), a2.legend(fontsize=7), a2.set_title("the correction term")
+a2.plot(repeat_at, [write_delta[t] for t in repeat_at], "k.", ms=8, label="restated values")
+a2.set_xlabel("writes"), a2.set_ylabel("size of the write (Frobenius norm)"), a2.legend(), integer_ticks(a2, "x")
+a2.set_title("the correction term")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -148,7 +153,8 @@ plt.tight_layout(); plt.show()
 # %%
 model, trained = load_model("small")
 cfg = model.config
-ids, recs = trace(model, DEFAULT_PROMPT)
+prompt = DEFAULT_PROMPT
+ids, recs = trace(model, prompt)
 layer = cfg.kda_layers[0]
 kda_ev = [dict(rec.of("kda"))[layer] for rec in recs]             # one event per input token
 g_tok = torch.stack([e["g"][0, 0] for e in kda_ev])                    # [T, H, K] log decay per token
@@ -159,15 +165,15 @@ print(f"gate: K3's lower-bound form g = -5·σ(...) ∈ (-5, 0) (k3_facts.md §1
 print(f"half-lives over all channels and tokens: {half_life.min():.1f} to {half_life.max():.0f} tokens "
       f"(median {half_life.median():.1f})")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
-im = a1.imshow(g_tok[:, 0].exp().T.numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
-a1.set_xlabel("token"), a1.set_ylabel("key channel d (head 0)"), a1.set_title("KDA decay exp(g): one per channel")
-a1.grid(False), fig.colorbar(im, ax=a1)
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4))
+heatmap(a1, g_tok[:, 0].exp().T.numpy(), label="α = exp(g): kept per token", vmin=0, vmax=1,
+        xlabel="token position", ylabel="key channel d (head 0)")
+a1.set_title("KDA decay exp(g): one per channel"), integer_ticks(a1, "both")
 t = np.arange(40)
 for d in torch.argsort(g_tok[-1, 0])[[0, cfg.kda_head_dim // 2, -1]].tolist():
     a2.plot(t, np.exp(g_tok[-1, 0, d].item() * t), label=f"channel {d}: α = {g_tok[-1, 0, d].exp():.3f}")
 a2.plot(t, np.exp(g_tok[-1, 0].mean().item() * t), "k--", label="one rate for the head (GDN-like)")
-a2.set_xlabel("tokens later"), a2.set_ylabel("what is left of a write"), a2.legend(fontsize=7)
+a2.set_xlabel("tokens later"), a2.set_ylabel("fraction of a write left"), a2.legend()
 a2.set_title("per-channel memory spans")
 plt.tight_layout(); plt.show()
 
@@ -193,27 +199,71 @@ for C in (1, 7, 16, 64, 128):
     print(f"   {C:4d}     | {(o_rec - o_ch).abs().max():.1e}            | {(S_rec - S_ch).abs().max():.1e}")
 
 # %% [markdown]
-# ## 4. The state of a real KDA layer, token by token
+# ## 4. Before the memory: a short convolution, and the tail it caches
+#
+# KDA does not feed q, k and v straight from their projections into the memory. Each channel first passes a
+# **causal depthwise convolution of width W = 4** (kda.md §3): y_t = Σ_j w_j · x_{t−W+1+j}, j = 0 … W−1, then
+# SiLU — every token mixed with the three before it, one small filter per channel. It is cheap local context:
+# K3's MLA layers have no positional encoding, position comes from here and from the decay (k3_facts.md §1).
+#
+# To decode one token at a time, a layer must keep the last **W − 1 = 3 pre-convolution inputs** of q, k and v:
+# the *conv tail*, part of the fixed decode state next to S (lesson 3, exercise 3.2, counts its bytes). Checked
+# on the model's first KDA layer: ten tokens in one pass equal the same ten one at a time with the cached tail,
+# and the tail is exactly the last three projected inputs.
+
+# %%
+kda_layer = model.blocks[layer].attn
+x10 = torch.randn(1, 10, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+W = cfg.kda_conv_kernel
+with torch.no_grad():
+    y_once, state_once = kda_layer(x10)                       # one pass (the chunked form)
+    cache, steps = None, []
+    for t in range(10):                                       # one token at a time, carrying the cache
+        y, cache = kda_layer(x10[:, t:t + 1], cache)
+        steps.append(y)
+    projected = torch.cat([kda_layer.q_proj(x10), kda_layer.k_proj(x10), kda_layer.v_proj(x10)], -1)
+facts["conv_steps_vs_once"] = float((torch.cat(steps, 1) - y_once).abs().max())
+facts["conv_tail_vs_last_inputs"] = float((cache.conv - projected[:, -(W - 1):]).abs().max())
+facts["conv_tail_is_last_inputs"] = facts["conv_tail_vs_last_inputs"] < 1e-5
+print(f"one pass vs token by token: max |diff| = {facts['conv_steps_vs_once']:.1e}")
+print(f"cached tail {list(cache.conv.shape)} = [batch, W − 1, q|k|v channels]; vs the last {W - 1} projected "
+      f"inputs: max |diff| = {facts['conv_tail_vs_last_inputs']:.1e}; state S {list(cache.state.shape)}")
+
+fig, ax = plt.subplots(figsize=(12, 3.2))
+heatmap(ax, kda_layer.k_conv.weight[:24, 0].detach().numpy().T, label="filter weight w_j", diverging=True,
+        xlabel="k channel", ylabel="tap j (W−1 = the current token)")
+ax.set_title(f"the learned short-conv filters of layer {layer}'s keys (first 24 channels)"), integer_ticks(ax, "both")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 5. The state of a real KDA layer, token by token
 #
 # The small model's first KDA layer, head 0, decoding the prompt one token at a time. Each frame is
 # the full memory S_t (K × V); it never grows, it only changes. `show_step(i)` draws token i with its
-# decay per channel and its write strength β.
+# decay per channel and its write strength β. The colours are symmetric around 0 (white) and clipped at the
+# 99th percentile of |S|, so one large entry does not wash the rest out.
 
 # %%
 states = torch.stack([e["state"][0, 0] for e in kda_ev])        # [T, K, V] head 0
 prev = [torch.zeros_like(states[0])] + list(states[:-1])
 betas = torch.stack([e["beta"][0, 0, 0] for e in kda_ev])      # [T] head 0
-lim = states.abs().max().item()
+lim = float(np.percentile(states.abs().numpy(), 99))           # one colour scale for every token
 
 
 def show_step(i):
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3), gridspec_kw={"width_ratios": [1, 1, 1.2]})
-    for ax, S, title in [(axes[0], states[i], f"S after token {i} {token_text(ids[i])!r}"),
-                         (axes[1], states[i] - g_tok[i, 0].exp()[:, None] * prev[i], "the write: S_t − Diag(α) S_{t−1}")]:
-        ax.imshow(S.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-        ax.set_title(title, fontsize=8), ax.set_xlabel("value channel"), ax.set_ylabel("key channel"), ax.grid(False)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    write = states[i] - g_tok[i, 0].exp()[:, None] * prev[i]
+    heatmap(axes[0], states[i].numpy(), label="S entry", diverging=True, vmin=-lim, vmax=lim,
+            xlabel="value channel", ylabel="key channel")
+    axes[0].set_title(f"S after token {i} {token_text(ids[i])!r}")
+    heatmap(axes[1], write.numpy(), label="write entry (own scale)", diverging=True,
+            xlabel="value channel", ylabel="key channel")
+    axes[1].set_title("the write: S_t − Diag(α) S_{t−1}")
     axes[2].bar(range(cfg.kda_head_dim), g_tok[i, 0].exp().numpy(), color="tab:green")
-    axes[2].set_ylim(0, 1), axes[2].set_xlabel("key channel"), axes[2].set_title(f"decay α = exp(g); β = {betas[i]:.3f}")
+    axes[2].set_ylim(0, 1), axes[2].set_xlabel("key channel"), axes[2].set_ylabel("α = exp(g)")
+    axes[2].set_title(f"decay per channel; β = {betas[i]:.3f}"), integer_ticks(axes[2], "x")
+    for ax in axes[:2]:
+        integer_ticks(ax, "both")
     plt.tight_layout(); plt.show()
 
 
@@ -223,22 +273,25 @@ step_slider(show_step, len(ids), start=len(ids) - 1, description="token")
 show_step(4)   # the same helper without the slider, e.g. for a static copy of the notebook
 
 # %%
-fig, axes = plt.subplots(1, 6, figsize=(12, 2.3))
+fig, axes = plt.subplots(1, 6, figsize=(17, 3.6), sharey=True)
 for ax, i in zip(axes, np.linspace(0, len(ids) - 1, 6).astype(int)):
-    ax.imshow(states[i].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-    ax.set_title(f"t={i} {token_text(ids[i])!r}", fontsize=8), ax.axis("off")
-plt.suptitle(f"S_t of layer {layer}, head 0 ({cfg.kda_head_dim}×{cfg.kda_head_dim}, float32): "
+    im = heatmap(ax, states[i].numpy(), label="S entry", diverging=True, vmin=-lim, vmax=lim, colorbar=False,
+                 xlabel="value ch.", aspect="equal")
+    ax.set_title(f"t={i} {token_text(ids[i])!r}"), integer_ticks(ax, "both")
+axes[0].set_ylabel("key channel")
+fig.colorbar(im, ax=list(axes), label="S entry (clipped at the 99th percentile)", extend="both", fraction=0.02)
+fig.suptitle(f"S_t of layer {layer}, head 0 ({cfg.kda_head_dim}×{cfg.kda_head_dim}, float32): "
              "the same size at every token")
-plt.tight_layout(); plt.show()
+plt.show()
 print(f"‖S_t‖_F per token: {' '.join(f'{s.norm():.3f}' for s in states)}")
 
 # %% [markdown]
 # ## Exercises
 #
-# ### Exercise 2.1 — one KDA step
+# ### Exercise 2.1 — one KDA step (★★★, about 15 min)
 # One token, one head: decay each key row by its own exp(g_d), write the delta-rule correction, read
 # the output from the updated state. (This is the inner loop of `kda_recurrent`, without the batch
-# and head dimensions.)
+# and head dimensions.) Stuck? `hint("2.1")` names the idea, `hint("2.1", 2)` gives the formula.
 
 # %% tags=["exercise"]
 @exercise("kda_step")
@@ -251,7 +304,7 @@ def my_kda_step(S, q, k, v, g, beta, scale):
 try_exercise(check_kda_step, my_kda_step)
 
 # %% [markdown]
-# ### Exercise 2.2 — the decay gate
+# ### Exercise 2.2 — the decay gate (★★☆, about 10 min)
 # K3 keeps every decay in (−5, 0) with a bounded sigmoid; Kimi Linear used an unbounded softplus.
 # Write both (kda.md §3).
 

@@ -35,14 +35,18 @@
 import numpy as np
 import torch
 
-from checks import check_block_sources, check_depth_attention
-from workshop import exercise, load_model, plt, step_slider, try_exercise, weights_note
+from checks import check_block_sources, check_depth_attention, hint  # noqa: F401  (hint: for you)
+from figures import depth_grid
+from workshop import (exercise, heatmap, integer_ticks, load_model, plt, step_slider, try_exercise,
+                      weights_note)
 from tiny_k3 import DEFAULT_PROMPT, K3Config, TinyK3, TraceRecorder
 from tiny_k3.attnres import depth_attention
 from tiny_k3.tokenizer import encode, token_text
 
+facts = {}                         # what the prose below claims, measured here (tests/test_lessons.py checks it)
 torch.manual_seed(0)
 f64 = dict(dtype=torch.float64)
+prompt = DEFAULT_PROMPT
 
 # %% [markdown]
 # ## 1. One depth read
@@ -82,20 +86,26 @@ def same_weights_models(cfg, dtype=torch.float64):
     return models
 
 
-tokens = torch.tensor([encode(DEFAULT_PROMPT)])
+tokens = torch.tensor([encode(prompt)])
 for eps in (1e-12, 1e-5):
     models = same_weights_models(K3Config.preset("small", rms_norm_eps=eps))
     with torch.no_grad():
         logits = {mode: m(tokens)[0] for mode, m in models.items()}
     diff = {mode: (logits[mode] - logits["standard"]).abs().max().item() for mode in ("block", "full")}
-    print(f"RMSNorm eps = {eps:g}: max |logits − standard| block {diff['block']:.1e}, full {diff['full']:.1e} "
-          f"(logits up to {logits['standard'].abs().max():.2f})")
+    diff["block-full"] = (logits["block"] - logits["full"]).abs().max().item()
+    size = logits["standard"].abs().max().item()
+    facts[f"eps{eps:g}"] = dict(block=diff["block"], full=diff["full"], block_full=diff["block-full"], logits=size)
+    print(f"RMSNorm eps = {eps:g}: max |logits − standard| Block {diff['block']:.2g}, Full {diff['full']:.2g}, "
+          f"|Block − Full| {diff['block-full']:.2g} — on logits of at most {size:.2f} "
+          f"({diff['block-full'] / size:.0%} of that)")
 
 # %% [markdown]
-# With a negligible eps they agree to float64 rounding of eps. With the preset's eps = 1e-5 they
-# differ a little: at initialisation (weights of std 0.02) the hidden states are tiny, so mean(h²) is
-# not much bigger than eps and RMSNorm is no longer exactly scale-invariant — the "up to eps" of
-# attnres.md §3. Training then moves the queries away from zero and the two networks part ways.
+# With a negligible eps (1e-12) the three agree to float64 rounding of eps. With the preset's eps = 1e-5
+# they do **not** agree, and not by rounding: the difference printed above is a large fraction of the logits
+# themselves. At initialisation (weights of std 0.02) the hidden states are tiny, so mean(h²) is not much
+# bigger than eps and RMSNorm is far from scale-invariant: dividing the stream by l (the zero query's mean)
+# changes what the next norm outputs. That is the "up to eps" of attnres.md §3 — at a real model's scale
+# (larger activations) it vanishes. Training then moves the queries away from zero and the networks part ways.
 #
 # ## 3. Norm growth: standard residual vs AttnRes
 #
@@ -114,15 +124,15 @@ with torch.no_grad():
         rms[mode] = [d["h"].pow(2).mean().sqrt().item() for _, d in rec.of("depth")]
         rms[mode + " outputs"] = [d["out"].pow(2).mean().sqrt().item() for _, d in rec.of("sublayer")]
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
 for mode, style in [("standard", "-"), ("full", "--"), ("block", "-.")]:
     a1.plot(rms[mode], style, label={"standard": "standard residual x_l", "full": "Full AttnRes h_l",
                                      "block": f"Block AttnRes h_l (S = {deep.attnres_block_size})"}[mode])
-a1.set_xlabel("sublayer input (…, last = before the head)"), a1.set_ylabel("RMS"), a1.legend(fontsize=7)
-a1.set_title("what each sublayer reads")
+a1.set_xlabel("sublayer input j (last = before the head)"), a1.set_ylabel("RMS of h_j"), a1.legend()
+a1.set_title("what each sublayer reads"), integer_ticks(a1, "x")
 a2.plot(rms["standard outputs"], label="standard"), a2.plot(rms["block outputs"], "-.", label="block")
-a2.set_xlabel("sublayer"), a2.set_ylabel("RMS of the output v_l"), a2.legend(fontsize=7)
-a2.set_title("what each sublayer writes (about the same)")
+a2.set_xlabel("sublayer j"), a2.set_ylabel("RMS of the output v_j"), a2.legend()
+a2.set_title("what each sublayer writes (about the same)"), integer_ticks(a2, "x")
 plt.tight_layout(); plt.show()
 print(f"standard: {rms['standard'][0]:.3f} -> {rms['standard'][-1]:.3f};  "
       f"full: {rms['full'][0]:.3f} -> {rms['full'][-1]:.3f};  block stays in "
@@ -145,26 +155,18 @@ print(f"standard: {rms['standard'][0]:.3f} -> {rms['standard'][-1]:.3f};  "
 # %%
 model, trained = load_model("small")
 cfg = model.config
-ids = encode(DEFAULT_PROMPT)
+ids = encode(prompt)
 
 
 def depth_rows(model, ids):
-    """Per input token: list of (label, weights [N]) for every depth read, decoding token by token."""
+    """Per input token: list of (layer, site, weights [N]) for every depth read, decoding token by token."""
     cache, out = None, []
     with torch.no_grad():
         for tok in ids:
             rec = TraceRecorder()
             _, cache = model(torch.tensor([[tok]]), cache, recorder=rec)
-            out.append([(f"L{layer} {d['site']}", d["weights"][0, 0].numpy()) for layer, d in rec.of("depth")])
+            out.append([(layer, d["site"], d["weights"][0, 0].numpy()) for layer, d in rec.of("depth")])
     return out
-
-
-def heat(rows):
-    n = max(len(w) for _, w in rows)
-    grid = np.full((len(rows), n), np.nan)
-    for r, (_, w) in enumerate(rows):
-        grid[r, : len(w)] = w
-    return grid
 
 
 reads = depth_rows(model, ids)
@@ -176,22 +178,27 @@ with torch.no_grad():
         if name.endswith("res.query"):
             p.normal_(0, 3.0)
 reads_moved = depth_rows(moved, ids)
-zero = all(float(p.abs().max()) == 0 for n, p in model.named_parameters() if n.endswith("res.query"))
+zero = all(float(p.detach().abs().max()) == 0 for n, p in model.named_parameters() if n.endswith("res.query"))
 print("this model's pseudo-queries are all zero, as initialised" if zero else "this model's pseudo-queries were trained")
+grid_last, columns = depth_grid(reads[-1], cfg.attnres_block_size, cfg.num_layers)
+facts["depth_sources_max"] = int(max(len(w) for _, _, w in reads[-1]))
+facts["depth_rows_sum_to_one"] = bool(np.allclose(np.nansum(grid_last, 1), 1, atol=1e-5))
 print(f"{weights_note(trained)}; {len(reads[-1])} depth reads per token "
-      f"(2 per layer × {cfg.num_layers} + 1 before the head), at most {heat(reads[-1]).shape[1]} sources")
+      f"(2 per layer × {cfg.num_layers} + 1 before the head), at most {facts['depth_sources_max']} sources; by column: "
+      f"{', '.join(columns)}")
 
 
 def show_step(i):
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    panels = [(axes[0], reads[i], "this model's queries"), (axes[1], reads_moved[i], "queries moved off zero")]
+    fig, axes = plt.subplots(1, 2, figsize=(14, 6.2))
+    panels = [(axes[0], reads[i], "this model's queries"), (axes[1], reads_moved[i], "queries set at random (std 3)")]
     for ax, rows, title in panels:
-        im = ax.imshow(heat(rows), cmap="magma", vmin=0, vmax=1, aspect="auto")
-        ax.set_yticks(range(len(rows)), [lab for lab, _ in rows], fontsize=6)
-        ax.set_xticks(range(heat(rows).shape[1]), ["emb"] + [f"b{j}" for j in range(1, heat(rows).shape[1])], fontsize=7)
-        ax.set_title(f"token {i} {token_text(ids[i])!r}: {title}", fontsize=8), ax.grid(False)
-    fig.colorbar(im, ax=axes, shrink=0.8, label="weight α")
-    plt.show()
+        grid, labels = depth_grid(rows, cfg.attnres_block_size, cfg.num_layers)
+        heatmap(ax, grid, label="depth weight α (each row sums to 1)", vmin=0, vmax=1, cmap="magma",
+                xlabel="source", ylabel="the read before …")
+        ax.set_yticks(range(len(rows)), [f"L{layer} {site}" if site != "out" else "head" for layer, site, _ in rows])
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_title(f"token {i} {token_text(ids[i])!r}: {title}")
+    plt.tight_layout(); plt.show()
 
 
 step_slider(show_step, len(ids), start=len(ids) - 1, description="token")
@@ -200,9 +207,11 @@ step_slider(show_step, len(ids), start=len(ids) - 1, description="token")
 show_step(3)
 
 # %% [markdown]
-# With zero queries each row is exactly uniform (1/N over its N sources) — that uniformity *is* the
-# standard residual. Once the queries move, the weights depend on the token: compare two tokens with
-# the slider. The last row ("L8 out") is the final aggregation before the head.
+# Columns are the sources: `emb` (the embedding b_0), `b1`, `b2`, … (the sums of completed blocks of
+# S sublayers) and `partial` (the current block's partial sum, once it has started). With zero queries each
+# row is exactly uniform (1/N over its N sources) — that uniformity *is* the standard residual. Once the
+# queries move, the weights depend on the token: compare two tokens with the slider. The last row ("head") is
+# the final aggregation before the head.
 #
 # ## 5. A training-time win, not a serving one
 #
@@ -239,9 +248,9 @@ print(f"prefill: the block representations take N·T·d = 8 × {prefill_tokens:,
 #
 # ## Exercises
 #
-# ### Exercise 4.1 — one depth-attention read
+# ### Exercise 4.1 — one depth-attention read (★★☆, about 12 min)
 # For one token: RMS-normalise the keys (with the gain), dot them with the query, softmax over the
-# sources, mix the **raw** sources.
+# sources, mix the **raw** sources. (`hint("4.1")`, `hint("4.1", 2)` if you are stuck.)
 
 # %% tags=["exercise"]
 @exercise("depth_attention")
@@ -254,7 +263,7 @@ def my_depth_attention(sources, query, norm_weight):
 try_exercise(check_depth_attention, my_depth_attention)
 
 # %% [markdown]
-# ### Exercise 4.2 — the sources of Block AttnRes
+# ### Exercise 4.2 — the sources of Block AttnRes (★★★, about 12 min)
 # Given the embedding and the outputs so far, list what the next sublayer attends over.
 
 # %% tags=["exercise"]

@@ -29,14 +29,15 @@
 # %%
 import numpy as np
 
-from checks import check_ep_bytes, check_mxfp4_bytes, check_release_bytes
-from workshop import exercise, plt, step_slider, try_exercise
+from checks import check_ep_bytes, check_mxfp4_bytes, check_release_bytes, hint  # noqa: F401  (hint: for you)
+from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
 from sim.costs import (GPU_MEMORY, K3_PRICES, SCHEMES, api_price, corrections, decode_step_time,
-                       expected_destinations, ep_traffic, ep_traffic_for, k2_parameters, serving_model,
-                       tensor_bytes, weight_bytes)
+                       expected_destinations, ep_traffic, ep_traffic_for, flops_per_token, k2_parameters,
+                       serving_model, tensor_bytes, weight_bytes)
 from sim.memory import cache_bytes, format_bytes
 from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
+facts = {}                                 # what the prose below claims, computed here (tests check it)
 k3 = K3Config.preset("k3")
 parts = parameter_breakdown(k3)            # K3 built on the meta device: real modules, no memory
 total, active = parameter_counts(k3)
@@ -65,12 +66,15 @@ print(f"K2-Thinking (INT4 g32 experts + BF16 rest): {format_bytes(k2_thinking, 3
 print(f"594 GB over K3's {total / 1e12:.2f}T parameters = {594e9 * 8 / total:.2f} bit/param: only a 1-bit-class "
       "GGUF fits that (Unsloth UD-IQ1_S, S15)")
 
-fig, ax = plt.subplots(figsize=(9, 3))
-ax.barh(list(sizes), [n / 1e12 for n in sizes.values()], color="tab:blue")
+fig, ax = plt.subplots(figsize=(12, 3.8))
+bars = ax.barh(list(sizes), [n / 1e12 for n in sizes.values()], color="tab:blue")
+bar_labels(ax, bars, lambda v: f"{v:.3f} TB", horizontal=True)
 for x, label in [(naive / 1e12, "'1.4 TB'"), (0.594, "'594 GB'")]:
     ax.axvline(x, color="crimson", ls="--", lw=1)
-    ax.text(x, len(sizes) - 0.5, label, color="crimson", ha="center", fontsize=8)
-ax.set_xlabel("TB (decimal)"), ax.set_title("K3's weights by storage scheme (computed from the meta-device model)")
+    ax.text(x, len(sizes) - 0.4, label, color="crimson", ha="center")
+ax.set_xlim(0, max(sizes.values()) / 1e12 * 1.18)
+ax.set_xlabel("TB (decimal)"), ax.set_ylabel("storage scheme")
+ax.set_title("K3's weights by storage scheme (computed from the meta-device model)")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -91,12 +95,22 @@ print(f"{'GPU':5s} {'memory':>7s} {'weights only':>13s} {'+64 seqs x 128K':>16s}
 for name, mem in GPU_MEMORY.items():
     print(f"{name:5s} {mem / 1e9:6.0f}G {gpus(mem):>13d} {gpus(mem, 64, 131072):>16d} {gpus(mem, 16, 1 << 20):>14d}")
 
-contexts = np.logspace(3, 7.5, 40)      # total cached tokens over all sequences (batch x length)
-fig, ax = plt.subplots(figsize=(8, 3))
+RECIPES = {"B300": 8, "H200": 16, "H100": 32}     # the smallest SGLang recipes per GPU (S5): 1x8, 2x8, 4x8
+contexts = np.logspace(3, 7.5, 60)      # total cached tokens over all sequences (batch x length)
+fig, ax = plt.subplots(figsize=(12, 4.2))
 for name, mem in GPU_MEMORY.items():
-    ax.plot(contexts, [gpus(mem, 1, int(c)) for c in contexts], label=name)
+    line, = ax.plot(contexts, [gpus(mem, 1, int(c)) for c in contexts], label=f"{name}: ideal count")
+    n = RECIPES[name]
+    fits = [c for c in contexts if gpus(mem, 1, int(c)) <= n]      # context the recipe's GPUs can hold
+    ax.axhline(n, color=line.get_color(), ls=":", lw=1.2)
+    if fits:
+        ax.plot(fits[-1], n, "*", ms=14, color=line.get_color())
+        ax.annotate(f"SGLang {n}×{name} (S5): up to {fits[-1] / 1e6:.1f}M tokens", (fits[-1], n),
+                    textcoords="offset points", xytext=(-10, 6), ha="right", color=line.get_color())
+    facts.setdefault("recipe_holds_tokens", {})[name] = float(fits[-1]) if fits else 0.0
 ax.set_xscale("log"), ax.set_xlabel("tokens of context held (all sequences)"), ax.set_ylabel("GPUs (ideal)")
-ax.set_title("K3 release weights + decode cache"), ax.legend()
+ax.set_title("K3 release weights + decode cache; dotted: the published recipes"), ax.legend(loc="upper left")
+integer_ticks(ax, "y")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -120,7 +134,7 @@ print(f"K2 (d_route 7168, top-8, 60 MoE layers): {format_bytes(k2.per_layer)} pe
       f"K3: {format_bytes(ep_traffic_for(k3).per_layer)} — the same per layer")
 
 eps = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256])
-fig, ax = plt.subplots(figsize=(8, 3))
+fig, ax = plt.subplots(figsize=(10, 3.8))
 for k, label in [(16, "K3: top-16"), (8, "K2 / DeepSeek-V3: top-8")]:
     ax.plot(eps, [expected_destinations(int(e), k) for e in eps], "o-", label=label)
 ax.plot(eps, eps, "k:", lw=0.8, label="EP (every GPU)")
@@ -141,34 +155,89 @@ print(f"one agent turn, 100K context (80K cached) + 2K output: ${api_price(**req
       f"(input {K3_PRICES['input']}/{K3_PRICES['cache_hit']} $/M, output {K3_PRICES['output']} $/M)")
 
 # %% [markdown]
-# Owning (or renting GPUs by the hour) is priced per *GPU-hour*, so it pays only if the GPUs stay busy
-# with large batches. A rough decode-only model, **with its assumptions in plain sight**:
-# 16 H200s (the smallest H200 recipe, S5), 4.8 TB/s each, 70% bandwidth efficiency, no communication
-# (the bandwidth model of k3_facts.md §5b — optimistic), and **$2 per GPU-hour** (the figure DeepSeek
-# used for its own cost accounting, S23 — change it to your price). Prefill (input tokens) is not counted.
+# Owning (or renting GPUs by the hour) is priced per *GPU-hour*, so it pays only if the GPUs stay busy.
+# A rough model, **with its assumptions in plain sight** (edit them):
+#
+# * 16 H200s (the smallest H200 recipe, S5) at **$2 per GPU-hour** (the figure DeepSeek used for its own cost
+#   accounting, S23);
+# * decode is bandwidth bound: 4.8 TB/s per GPU at 70% efficiency, no communication (k3_facts.md §5b —
+#   optimistic);
+# * prefill (the input tokens) is compute bound: FLOPs from `sim.costs.flops_per_token`, on 989 TFLOP/s of
+#   dense BF16 per H200 (NVIDIA's datasheet figure) at 40% utilisation; tokens the API bills as cache hits
+#   are not recomputed.
+#
+# Two views: output tokens alone against the API's $15/M, then a whole agent turn, input priced as well.
 
 # %%
 GPU_HOUR = 2.0           # $ per GPU-hour — an assumption, edit me
-G = 16
-batches = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
-fig, ax = plt.subplots(figsize=(8, 3))
+G = 16                   # H200s (S5's smallest H200 recipe)
+PEAK_FLOPS, MFU = 989e12, 0.4    # per H200, dense BF16; the fraction prefill achieves — assumptions
+per_gpu_second = GPU_HOUR / 3600
+batches = np.unique(np.logspace(0, 10, 81, base=2).round().astype(int))
+
+
+def crossing(costs, price):
+    """The smallest batch at which owning costs no more than the API (None if it never does)."""
+    below = np.nonzero(np.asarray(costs) <= price)[0]
+    return int(batches[below[0]]) if below.size else None
+
+
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 4.6))
 for context in (4096, 131072):
     step = np.array([decode_step_time(sm, int(b), context, gpus=G, bandwidth=4.8e12) for b in batches])
-    dollars = G * GPU_HOUR / 3600 * step / batches * 1e6          # $ per million output tokens
-    ax.plot(batches, dollars, "o-", label=f"own: {G}×H200 at ${GPU_HOUR}/GPU-h, {context // 1024}K context")
-    print(f"context {context // 1024:4d}K: batch 1 -> ${dollars[0]:.1f}/M, batch 64 -> ${dollars[6]:.2f}/M output tokens "
-          f"({1e3 * step[6]:.1f} ms per step)")
-ax.axhline(K3_PRICES["output"], color="crimson", ls="--", label="API: $15 per M output tokens")
-ax.set_xscale("log", base=2), ax.set_yscale("log"), ax.set_xlabel("sequences decoded together (batch)")
-ax.set_ylabel("$ per M output tokens"), ax.set_title("decode-only cost model (optimistic: no comm, no prefill)")
-ax.legend(fontsize=7)
+    dollars = G * per_gpu_second * step / batches * 1e6          # $ per million output tokens
+    line, = a1.plot(batches, dollars, "-", label=f"own: {G}×H200, {context // 1024}K context")
+    cross = crossing(dollars, K3_PRICES["output"])
+    facts[f"output_crossing_{context // 1024}K"] = cross
+    if cross:
+        a1.axvline(cross, color=line.get_color(), ls=":", lw=1.2)
+        a1.annotate(f"batch {cross}", (cross, K3_PRICES["output"]), textcoords="offset points", xytext=(4, 8),
+                    color=line.get_color())
+    print(f"output only, {context // 1024:4d}K context: batch 1 -> ${dollars[0]:.1f}/M; owning is cheaper than "
+          f"the API's ${K3_PRICES['output']:.0f}/M from batch {cross} on")
+a1.axhline(K3_PRICES["output"], color="crimson", ls="--", label="API: $15 per M output tokens")
+a1.set_xscale("log", base=2), a1.set_yscale("log"), a1.set_xlabel("sequences decoded together (batch)")
+a1.set_ylabel("$ per M output tokens (log)"), a1.set_title("output tokens only (decode)")
+a1.legend(loc="upper right")
+
+# one agent turn: a 100K-token context of which 80K hit the prefix cache, 2K tokens written
+turn = dict(input_tokens=100_000, output_tokens=2_000, cached_tokens=80_000)
+new_tokens = turn["input_tokens"] - turn["cached_tokens"]
+prefill_flops = sum(flops_per_token(k3, context=c) for c in range(turn["cached_tokens"], turn["input_tokens"], 1000)) * 1000
+prefill_s = prefill_flops / (G * PEAK_FLOPS * MFU)           # the G GPUs busy on this turn's prefill
+decode_s = np.array([turn["output_tokens"] * decode_step_time(sm, int(b), turn["input_tokens"], gpus=G,
+                                                              bandwidth=4.8e12) / b for b in batches])
+own_turn = G * per_gpu_second * (prefill_s + decode_s)       # $ per turn
+api_turn = api_price(**turn)
+api_input = api_price(turn["input_tokens"], 0, turn["cached_tokens"])
+cross_turn = crossing(own_turn, api_turn)
+facts.update(turn_crossing=cross_turn, api_turn=api_turn, api_input=api_input, api_input_share=api_input / api_turn,
+             own_prefill=G * per_gpu_second * prefill_s)
+a2.plot(batches, own_turn, "-", color="tab:blue", label="own: prefill + decode")
+a2.plot(batches, np.full_like(own_turn, G * per_gpu_second * prefill_s), ":", color="tab:blue",
+        label="own: prefill alone")
+a2.axhline(api_turn, color="crimson", ls="--", label=f"API: ${api_turn:.3f} per turn")
+a2.axhline(api_input, color="crimson", ls=":", label=f"API: its input part, ${api_input:.3f}")
+if cross_turn:
+    a2.axvline(cross_turn, color="k", ls=":", lw=1.2)
+    a2.annotate(f"batch {cross_turn}", (cross_turn, api_turn), textcoords="offset points", xytext=(4, 8))
+a2.set_xscale("log", base=2), a2.set_yscale("log"), a2.set_xlabel("sequences decoded together (batch)")
+a2.set_ylabel("$ per agent turn (log)"), a2.set_title("one agent turn: 100K in (80K cached), 2K out")
+a2.legend(loc="upper right")
 plt.tight_layout(); plt.show()
+print(f"agent turn: API ${api_turn:.4f}, of which input ${api_input:.4f} ({api_input / api_turn:.0%}); "
+      f"owning: prefill ${G * per_gpu_second * prefill_s:.4f} ({prefill_s:.2f} s on {G} GPUs) + decode, "
+      f"cheaper than the API from batch {cross_turn} on")
 
 # %% [markdown]
-# At batch 1 owning costs more than the API per token; a deployment that keeps 64+ sequences in
-# flight undercuts it — *if* it has the traffic, and before communication, prefill, idle hours and
-# engineers. Every step reads the active weights once, whatever the batch (§5b), so batching is
-# everything:
+# Read the two panels together. On output tokens alone the crossing (marked) comes at a small batch — the
+# $15/M output price is high against a bandwidth-bound decode that many sequences share. A real agent turn is
+# mostly *input*: most of what the API bills for it is the input (the dotted red line), while owning pays for
+# the input in prefill compute — and in this model that compute (the dotted blue line) costs less than the
+# API's input price, so the whole turn crosses no later than output alone (the printed batch). Change
+# `MFU`, `GPU_HOUR` or the turn and watch the crossings move. All of it is before communication, idle hours,
+# failed requests and engineers; every step reads the active weights once, whatever the batch
+# (k3_facts.md §5b), so keeping the batch full is everything:
 
 # %%
 from sim.costs import decode_step_bytes, expected_experts_touched  # noqa: E402
@@ -209,7 +278,7 @@ for i in range(len(claims)):
 # %% [markdown]
 # ## Exercises
 #
-# ### Exercise 5.1 — MXFP4 bytes of one weight matrix
+# ### Exercise 5.1 — MXFP4 bytes of one weight matrix (★☆☆, about 6 min)
 # Blocks of 32 along each row, 16 B of 4-bit values + a 1-B scale per block; a short last block is padded.
 
 # %% tags=["exercise"]
@@ -223,7 +292,7 @@ def my_mxfp4_bytes(rows, cols):
 try_exercise(check_mxfp4_bytes, my_mxfp4_bytes)
 
 # %% [markdown]
-# ### Exercise 5.2 — the size of K3's release
+# ### Exercise 5.2 — the size of K3's release (★★☆, about 8 min)
 # Routed experts in MXFP4, everything else in BF16, from the parameter breakdown.
 
 # %% tags=["exercise"]
@@ -237,7 +306,7 @@ def my_release_bytes(parts):
 try_exercise(check_release_bytes, my_release_bytes)
 
 # %% [markdown]
-# ### Exercise 5.3 — expert-parallel bytes per token per layer
+# ### Exercise 5.3 — expert-parallel bytes per token per layer (★★☆, about 10 min)
 # Dispatch (FP8 + scales) and combine (BF16) for each of the top-k copies — of which activation?
 
 # %% tags=["exercise"]

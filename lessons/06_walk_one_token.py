@@ -25,25 +25,32 @@
 # |---|---|---|
 # | every sublayer | its depth-attention read over the embedding and the block sums | 4 |
 # | KDA attention | the fixed K × V state per head, its per-channel decay and β | 2 |
-# | gated MLA attention | a cache that grows by one latent per token | 3 |
+# | gated MLA attention | what it attends to over the cached tokens; a cache that grows by one latent per token | 3 |
 # | latent MoE | 16 of 896 experts, their weights | 1 |
-# | head | the five most likely next tokens | — |
+# | embedding | the token's vector, the first depth source | — |
+| head | the five most likely next tokens | — |
 #
 # Open the TUI beside this notebook with the same preset, prompt and seed (`python tui.py --preset small
-# --prompt "key=7; 3+4=" --seed 0`) and you will see the same frames.
+# --seed 0`; the TUI's default prompt is this lesson's) and you will see the same frames.
 
 # %%
 import numpy as np
+import torch
 from rich.console import Console
 
-from checks import check_num_sources, check_sublayer_order
-from workshop import exercise, plt, step_slider, try_exercise
+from checks import check_num_sources, check_sublayer_order, hint  # noqa: F401  (hint: for you)
+from figures import depth_grid
+from workshop import (expected_answer, exercise, heatmap, integer_ticks, plt, step_slider, trace,
+                      try_exercise)
 from sim import Simulation
 from sim import render
 from sim.memory import cache_bytes
 from tiny_k3 import DEFAULT_PROMPT
+from tiny_k3.tokenizer import token_text
 
-sim = Simulation("small", DEFAULT_PROMPT, seed=0)    # weights="auto": trained when shipped, else random
+facts = {}                         # what the prose below claims, measured here (tests/test_lessons.py checks it)
+prompt = DEFAULT_PROMPT
+sim = Simulation("small", prompt, seed=0)    # weights="auto": trained when shipped, else random
 sim.run(6)
 cfg = sim.config
 print(sim)
@@ -53,6 +60,22 @@ print(f"{cfg.num_layers} layers: {' '.join(k.upper() for k in cfg.layer_kinds)};
       f"{cfg.attnres_block_size} sublayers per block")
 if sim.weights == "random":
     print("(random weights: the route through the model is real, the generated text is noise)")
+
+# %% [markdown]
+# **Did it answer right?** The prompt is written in the language of the training corpus (`tiny_k3.corpus`),
+# so it has a right answer. The model's answer is the first generated token:
+
+# %%
+generated = sim.text[len(prompt):]                  # what the model wrote after the prompt
+right = expected_answer(prompt)
+answer = generated[: len(right)] if right else generated[:1]
+facts.update(prompt=prompt, answer=answer, expected=right, answer_right=answer == right)
+verdict = "right" if answer == right else "WRONG"
+print(f"prompt {prompt!r}: the model continues {generated!r}, so it answers {answer!r}; the right answer is "
+      f"{right!r} — {verdict}")
+if answer != right:
+    print("A tiny model trained for minutes is wrong sometimes. Section 6 forces the right answer and "
+          "regenerates from there.")
 
 # %% [markdown]
 # ## 1. The timeline and one frame
@@ -88,65 +111,118 @@ for s in stops:
 colors = {"embed": "grey", "kda": "tab:green", "mla": "tab:red", "dense": "tab:purple", "moe": "tab:blue",
           "head": "black"}
 reads = [s for s in stops if s.depth is not None and s.depth.weights.size]
-grid = np.full((len(reads), max(s.depth.weights.size for s in reads)), np.nan)
-for r, s in enumerate(reads):
-    grid[r, : s.depth.weights.size] = s.depth.weights
+grid, columns = depth_grid([(s.layer, s.depth.site, s.depth.weights) for s in reads], cfg.attnres_block_size,
+                           cfg.num_layers)
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.4, 1]})
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [1.4, 1]})
 a1.bar(range(len(stops)), [s.out_norm for s in stops], color=[colors[s.kind] for s in stops])
-a1.set_xticks(range(len(stops)), [s.label for s in stops], rotation=75, fontsize=6)
-a1.set_ylabel("RMS written to the stream"), a1.set_title(f"frame {i}: {frame.input_text!r} through every sublayer")
-im = a2.imshow(grid, cmap="magma", vmin=0, vmax=1, aspect="auto")
-a2.set_yticks(range(len(reads)), [s.label for s in reads], fontsize=6)
-a2.set_xticks(range(grid.shape[1]), ["emb"] + [f"b{j}" for j in range(1, grid.shape[1])], fontsize=7)
-a2.set_title("depth weights (AttnRes)"), a2.grid(False), fig.colorbar(im, ax=a2)
+a1.set_xticks(range(len(stops)), [s.label for s in stops], rotation=70, ha="right")
+a1.set_yscale("log"), a1.set_ylabel("RMS written to the stream (log)")
+a1.set_title(f"frame {i}: {frame.input_text!r} through every sublayer")
+heatmap(a2, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="magma", xlabel="source")
+a2.set_yticks(range(len(reads)), [s.label for s in reads])
+a2.set_xticks(range(len(columns)), columns)
+a2.set_title("depth weights (AttnRes)")
 plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# The bars are on a log scale because the sublayers' writes differ by orders of magnitude. Compare the two
+# kinds of attention layer:
+
+# %%
+def mean_write(kind):
+    return float(np.mean([s.out_norm for s in stops if s.kind == kind]))
+
+
+writes = {kind: mean_write(kind) for kind in ("kda", "mla", "dense", "moe")}
+facts.update(mla_write_rms=[s.out_norm for s in stops if s.kind == "mla"], writes=writes)
+ratio = writes["kda"] / writes["mla"]
+print("mean RMS written: " + ", ".join(f"{k.upper()} {v:.4f}" for k, v in writes.items()))
+print(f"the MLA layers write {ratio:.0f}x {'less' if ratio > 1 else 'more'} than the KDA layers on this token"
+      if ratio >= 2 or ratio <= 0.5 else "the MLA and KDA layers write about as much on this token")
+
+# %% [markdown]
+# **Question for you.** What a sublayer writes is all it contributes: a layer that writes almost nothing
+# changes nothing downstream. If the MLA layers write much less than the KDA layers here, what does that say
+# about what this model uses them for on this prompt? Look at their attention pattern in the next section
+# (what do they attend to?) and think about which tokens this prompt needs to look far back for. (Lesson 3's
+# recall-vs-distance discussion is the other half of the answer.)
 
 # %% [markdown]
 # ## 3. Step into the token
 #
-# `show_step(j)` draws stop j with what matters there: the KDA state and its decay, the MoE's experts,
-# the depth weights of an MLA or dense stop, the head's top five. Drag the slider through all of them.
+# `show_step(j)` draws stop j with what matters there: the token's embedding, the KDA state and its decay,
+# what an MLA layer attends to over the cached tokens, the MoE's experts, the head's top five. The frames do
+# not keep MLA attention weights, so we trace the same tokens once through the same model to get them
+# (`workshop.trace`, the real decode path, one token at a time).
 
 # %%
+in_ids = [f.input_id for f in sim.frames[: i + 1]]
+_, traced = trace(sim.model, in_ids)
+mla_probs = {layer: d["probs"][0, :, 0].float().numpy() for layer, d in traced[-1].of("mla")}   # [H, S]
+with torch.no_grad():
+    embedding = sim.model.embed.weight[frame.input_id].float().numpy()
+labels = [repr(token_text(t))[1:-1] or "·" for t in in_ids]
+
+
 def show_step(j, frame_index=i):
     s = sim.step_into(frame_index)[j]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 2.8))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
     title = f"stop {j}: {s.label}"
-    if s.kind == "kda":
+    if s.kind == "embed":
+        axes[0].bar(range(embedding.size), embedding, color="grey")
+        axes[0].set_xlabel("channel"), axes[0].set_ylabel("value"), integer_ticks(axes[0], "x")
+        axes[0].set_title(f"{title} — the token's embedding row (RMS {s.out_norm:.3f})")
+        axes[1].hist(embedding, bins=20, color="grey"), axes[1].set_xlabel("value"), axes[1].set_ylabel("channels")
+        axes[1].set_title("b_0, the first depth source of every read")
+    elif s.kind == "kda":
         head = 0
-        axes[0].imshow(s.kda.state[head].astype(np.float32), cmap="RdBu_r", aspect="auto")
-        axes[0].set_title(f"{title} — state S, head {head} (K×V)", fontsize=8), axes[0].grid(False)
+        heatmap(axes[0], s.kda.state[head].astype(np.float32), label="S entry", diverging=True,
+                xlabel="value channel", ylabel="key channel")
+        axes[0].set_title(f"{title} — state S, head {head} (K×V)")
         axes[1].bar(range(s.kda.decay.shape[1]), s.kda.decay[head], color="tab:green")
-        axes[1].set_ylim(0, 1), axes[1].set_title(f"decay exp(g) per key channel; β = {s.kda.beta[head]:.3f}", fontsize=8)
+        axes[1].set_ylim(0, 1), axes[1].set_xlabel("key channel"), axes[1].set_ylabel("α = exp(g)")
+        axes[1].set_title(f"decay per key channel; β = {s.kda.beta[head]:.3f}"), integer_ticks(axes[1], "x")
+    elif s.kind == "mla":
+        probs = mla_probs[s.layer]
+        heatmap(axes[0], probs, label="attention weight (row sums to 1)", vmin=0, vmax=float(probs.max()),
+                cmap="Reds", xlabel="cached token", ylabel="head")
+        axes[0].set_xticks(range(len(labels)), labels), integer_ticks(axes[0], "y")
+        axes[0].set_title(f"{title} — what {frame.input_text!r} attends to (uniform = {1 / probs.shape[1]:.3f})")
+        mem = sim.frames[frame_index].memory
+        mla = list(cfg.mla_layers)
+        axes[1].bar([f"L{m}" for m in mla], [mem.layer_bytes[m] for m in mla], color="tab:red")
+        axes[1].set_ylabel("bytes cached"), axes[1].set_xlabel("MLA layer")
+        axes[1].set_title(f"{cfg.mla_cache_width} values per token; {frame_index + 1} tokens so far")
     elif s.kind == "moe":
         r = s.routing
-        img = r.scores.reshape(16, -1)
-        axes[0].imshow(img, cmap="Greys", aspect="auto")
-        rows, cols = np.divmod(r.expert_ids, img.shape[1])
-        axes[0].scatter(cols, rows, c="crimson", s=20, marker="s")
-        axes[0].set_title(f"{title} — {r.expert_ids.size} of {r.scores.size} experts", fontsize=8), axes[0].grid(False)
-        axes[1].bar([str(e) for e in r.expert_ids], r.weights, color="crimson")
-        axes[1].tick_params(axis="x", labelsize=6, rotation=90), axes[1].set_title("weights (sum 1)", fontsize=8)
+        heatmap(axes[0], r.scores.reshape(16, -1), label="router score s", vmin=0, vmax=1, cmap="Greys",
+                xlabel="expert id mod 56", ylabel="expert id // 56")
+        rows, cols = np.divmod(r.expert_ids, r.scores.size // 16)
+        axes[0].scatter(cols, rows, c="crimson", s=30, marker="s"), integer_ticks(axes[0], "both")
+        axes[0].set_title(f"{title} — {r.expert_ids.size} of {r.scores.size} experts")
+        axes[1].bar(range(r.expert_ids.size), r.weights, color="crimson")
+        axes[1].set_xticks(range(r.expert_ids.size), [str(e) for e in r.expert_ids], rotation=90)
+        axes[1].set_xlabel("chosen expert"), axes[1].set_ylabel("weight"), axes[1].set_title("weights (sum 1)")
     elif s.kind == "head":
-        axes[0].barh([t for _, t, _ in s.top][::-1], [p for _, _, p in s.top][::-1], color="black")
-        axes[0].set_title(f"{title} — next-token probabilities", fontsize=8)
-        axes[1].bar(range(s.depth.weights.size), s.depth.weights), axes[1].set_title("final depth read", fontsize=8)
+        axes[0].barh([repr(t) for _, t, _ in s.top][::-1], [p for _, _, p in s.top][::-1], color="black")
+        axes[0].set_xlabel("probability"), axes[0].set_title(f"{title} — next-token probabilities")
+        axes[1].bar(range(s.depth.weights.size), s.depth.weights), axes[1].set_title("final depth read")
+        axes[1].set_xlabel("source (emb, b1, …)"), axes[1].set_ylabel("α"), integer_ticks(axes[1], "x")
     else:
-        if s.depth is not None and s.depth.weights.size:
-            axes[0].bar(range(s.depth.weights.size), s.depth.weights, color=colors[s.kind])
-        axes[0].set_title(f"{title} — depth weights of its input", fontsize=8)
-        mem = sim.frames[frame_index].memory
-        note = (f"MLA: caches {cfg.mla_cache_width} values per token;\nthis layer holds {mem.layer_bytes[s.layer]:,} B "
-                f"after {frame_index + 1} tokens" if s.kind == "mla" else f"{s.kind}: RMS out {s.out_norm:.4f}")
-        axes[1].text(0.05, 0.5, note, fontsize=9, va="center"), axes[1].axis("off")
+        axes[0].bar(range(s.depth.weights.size), s.depth.weights, color=colors[s.kind])
+        axes[0].set_xlabel("source (emb, b1, …, partial)"), axes[0].set_ylabel("α"), integer_ticks(axes[0], "x")
+        axes[0].set_title(f"{title} — depth weights of its input")
+        axes[1].bar(["this sublayer"], [s.out_norm], color=colors[s.kind]), axes[1].set_ylabel("RMS written")
+        axes[1].set_title(f"{s.kind}: what it writes to the stream")
     plt.tight_layout(); plt.show()
 
 
 step_slider(show_step, len(stops), start=1, description="stop")
 
 # %%
-for j in (1, 4, len(stops) - 1):       # a KDA stop, an MoE stop, the head
+first = {kind: next(s.index for s in stops if s.kind == kind) for kind in ("embed", "kda", "mla", "moe", "head")}
+for kind, j in first.items():       # one stop of each kind, without the slider
     show_step(j)
 
 # %% [markdown]
@@ -186,20 +262,28 @@ console.print(render.memory_bars(frame, cfg))
 #
 # Going back costs nothing (frames are kept); generating something different from an earlier point
 # *branches*: the simulator restores the decode state saved there — a KDA state is a fixed-size copy, an
-# MLA cache is simply truncated — and regenerates.
+# MLA cache is simply truncated — and regenerates. We force the first answer token to one the model did
+# **not** choose: the right answer if the model got it wrong, else its runner-up.
 
 # %%
+before = sim.text                  # what the model generated on its own
 sim.goto(sim.prompt_len - 1)
-before = sim.text
-sim.step(force_token="9")          # the model's own choice replaced by '9'
+last_prompt = sim.frames[sim.prompt_len - 1]
+model_choice = last_prompt.token_text
+runner_up = next(token_text(int(t)) for t in last_prompt.top_ids if token_text(int(t)) != model_choice)
+forced = right if right is not None and right[:1] != model_choice else runner_up
+forced = forced[:1]                # one byte = one token
+sim.step(force_token=forced)       # replaces the model's own choice
 sim.run(3)
+facts.update(model_choice=model_choice, forced=forced, before=before, branch=sim.text)
+print(f"the model chose {model_choice!r}; forced {forced!r}")
 print(f"before: {before!r}\nbranch: {sim.text!r}")
 print(f"bytes kept for branching (KDA snapshots): {sim.snapshot_bytes():,} B")
 
 # %% [markdown]
 # ## Exercises
 #
-# ### Exercise 6.1 — the route of a token
+# ### Exercise 6.1 — the route of a token (★☆☆, about 6 min)
 # List the stops one token passes, for any config: "embed", then per layer its attention kind
 # ("kda"/"mla") and its MLP kind ("dense"/"moe"), then "head".
 
@@ -214,7 +298,7 @@ def my_sublayer_order(config):
 try_exercise(check_sublayer_order, my_sublayer_order)
 
 # %% [markdown]
-# ### Exercise 6.2 — how many sources does a sublayer read?
+# ### Exercise 6.2 — how many sources does a sublayer read? (★★★, about 10 min)
 # Predict the length of each depth read (lesson 4) from the config alone.
 
 # %% tags=["exercise"]

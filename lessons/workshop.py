@@ -46,8 +46,9 @@ else:
     matplotlib.use("Agg")  # a script run draws off-screen; notebooks keep their inline backend
 import matplotlib.pyplot as plt  # noqa: E402
 
-plt.rcParams.update({"figure.dpi": 80, "figure.figsize": (8, 3.2), "axes.grid": True, "grid.alpha": 0.3,
-                     "axes.spines.top": False, "axes.spines.right": False, "font.size": 9})
+from figures import PROJECTOR_RC, bar_labels, heatmap, integer_ticks  # noqa: E402,F401  (re-exported)
+
+plt.rcParams.update(PROJECTOR_RC)
 
 # ---------------------------------------------------------------------------- solutions switch
 
@@ -146,15 +147,37 @@ def load_model(preset: str = "small", seed: int = 0, weights: str = "auto"):
     return model, source == "trained"
 
 
-def trace(model, text: str):
-    """Run `text` through `model` one token at a time (the real decode path) with a TraceRecorder per
-    token. Returns (ids, recorders): recorders[i] holds every event of input token i."""
+def expected_answer(prompt: str) -> str | None:
+    """The right continuation of a prompt in the training corpus's language (tiny_k3.corpus), or None.
+
+    "…; m=7; … | m="  -> "7"   (recall: the value given to the key before the mark "|")
+    "3+4="            -> "7"   (arithmetic: digits, + - * and brackets)
+    """
+    import re
+
+    if "|" in prompt:
+        before, after = prompt.rsplit("|", 1)
+        asked = re.search(r"(\w+)=$", after.strip())
+        given = asked and re.findall(rf"\b{re.escape(asked.group(1))}=(\d+)", before)
+        return given[-1] if given else None
+    expr = re.search(r"([0-9+\-*()]+)=$", prompt.strip())
+    if expr is None:
+        return None
+    try:   # only digits, + - * and brackets reach eval: no names, no attributes
+        return str(eval(expr.group(1), {"__builtins__": {}}, {}))  # noqa: S307
+    except (SyntaxError, ZeroDivisionError):
+        return None
+
+
+def trace(model, text):
+    """Run `text` (a string, or a list of token ids) through `model` one token at a time (the real decode
+    path) with a TraceRecorder per token. Returns (ids, recorders): recorders[i] holds every event of token i."""
     import torch
 
     from tiny_k3 import TraceRecorder
     from tiny_k3.tokenizer import encode
 
-    ids = encode(text)
+    ids = encode(text) if isinstance(text, str) else [int(t) for t in text]
     cache, recorders = None, []
     with torch.no_grad():
         for token in ids:

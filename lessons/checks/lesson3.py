@@ -67,7 +67,7 @@ def check_mla_cache_bytes(fn) -> None:
 my_kda_state_bytes(config) -> int
   bytes of ALL fixed KDA decode state of one sequence, for a tiny_k3.K3Config: what every KDA layer
   (config.kda_layers) keeps between tokens, however long the context. Two things per layer: the
-  recurrent state and the short convolution's tail (lesson 2, section 3).
+  recurrent state and the short convolution's tail (lesson 2, section 4).
 Checked against sim.memory.state_bytes_fixed.
 """,
           hints=("The state S is [H, K, V] per layer and is kept in float32 whatever the weights' dtype; the conv tail keeps the last W − 1 inputs of q, k and v in the weights' dtype.",

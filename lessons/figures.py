@@ -1,0 +1,84 @@
+"""Figure helpers for a projector: large ticks, colourbars with units, symmetric diverging maps, integer axes.
+
+    PROJECTOR_RC                  the rcParams every lesson uses (tick labels 10 pt, nothing under 9 pt)
+    heatmap(ax, data, label=...)  imshow + a colourbar naming the unit; diverging=True centres white on 0 and
+                                  clips at a percentile of |data| so one outlier does not wash the rest out
+    integer_ticks(ax, "x")        integer ticks on an integer axis (tokens, layers, experts)
+    bar_labels(ax, bars, fmt)     the value on top of each bar (for bars that differ by orders of magnitude)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_FONT_PT = 9
+PROJECTOR_RC = {
+    "figure.dpi": 90, "figure.figsize": (9, 3.6), "axes.grid": True, "grid.alpha": 0.3,
+    "axes.spines.top": False, "axes.spines.right": False,
+    "font.size": 11, "axes.titlesize": 11, "axes.labelsize": 11, "xtick.labelsize": 10, "ytick.labelsize": 10,
+    "legend.fontsize": 9, "figure.titlesize": 12, "image.interpolation": "nearest",
+}
+
+
+def heatmap(ax, data, *, label: str, diverging: bool = False, percentile: float = 99.0, vmin=None, vmax=None,
+            cmap: str | None = None, xlabel: str | None = None, ylabel: str | None = None, aspect: str = "auto",
+            colorbar: bool = True):
+    """Draw `data` [rows, cols] on `ax` with a colourbar labelled `label` (what a colour means, with its unit).
+
+    diverging=True: a red-white-blue map symmetric around 0 (white = 0), limited to ±(percentile of |data|)
+    unless vmin/vmax are given; values beyond the limit saturate and the colourbar shows an arrow."""
+    data = np.asarray(data, dtype=np.float64)
+    finite = np.abs(data[np.isfinite(data)])
+    extend = "neither"
+    if diverging:
+        lim = float(np.percentile(finite, percentile)) if finite.size else 1.0
+        lim = lim if lim > 0 else (float(finite.max()) if finite.size and finite.max() > 0 else 1.0)
+        vmin, vmax = (-lim, lim) if vmin is None and vmax is None else (vmin, vmax)
+        cmap = cmap or "RdBu_r"
+        extend = "both" if finite.size and finite.max() > lim * (1 + 1e-9) else "neither"
+    im = ax.imshow(data, cmap=cmap or "viridis", vmin=vmin, vmax=vmax, aspect=aspect, interpolation="nearest")
+    ax.grid(False)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, label=label, extend=extend, fraction=0.046, pad=0.03)
+    return im
+
+
+def integer_ticks(ax, axis: str = "x") -> None:
+    """Only whole numbers on `axis` ("x", "y" or "both")."""
+    from matplotlib.ticker import MaxNLocator
+
+    for name in ("x", "y") if axis == "both" else (axis,):
+        getattr(ax, f"{name}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def bar_labels(ax, bars, fmt=lambda v: f"{v:.3g}", horizontal: bool = False) -> None:
+    """Write each bar's value at its end, so bars orders of magnitude apart can still be read."""
+    values = [b.get_width() if horizontal else b.get_height() for b in bars]
+    ax.bar_label(bars, labels=[fmt(v) for v in values], padding=2, fontsize=MIN_FONT_PT)
+
+
+def depth_grid(reads, block_size: int, num_layers: int):
+    """AttnRes depth weights laid out by source (attnres.md §2): columns emb, b1, …, b_n, partial.
+
+    reads: [(layer, site, weights [N])] for each depth read of one token (site "attn", "mlp" or "out").
+    Before sublayer j (j outputs exist; the head's read is j = 2·num_layers) the sources are the embedding,
+    j // S completed block sums and, if j % S > 0, the partial sum of the current block; the partial weight
+    goes to the last column so a column always means the same source. Returns (grid [reads, cols], labels).
+    """
+    js = [2 * num_layers if site == "out" else 2 * layer + (site == "mlp") for layer, site, _ in reads]
+    n_blocks = max(j // block_size for j in js)
+    grid = np.full((len(reads), n_blocks + 2), np.nan)
+    for row, ((_, _, w), j) in enumerate(zip(reads, js)):
+        w = np.asarray(w, dtype=np.float64)
+        completed = j // block_size
+        if len(w) != 1 + completed + (j % block_size > 0):
+            raise ValueError(f"a read before sublayer {j} has {len(w)} weights; block size {block_size} "
+                             f"gives {1 + completed + (j % block_size > 0)}.")
+        grid[row, : 1 + completed] = w[: 1 + completed]
+        if j % block_size:
+            grid[row, -1] = w[-1]
+    return grid, ["emb"] + [f"b{n}" for n in range(1, n_blocks + 1)] + ["partial"]
