@@ -281,7 +281,7 @@ xs = np.arange(len(names))
 stored = ax.bar(xs - 0.2, [parts[n] / 1e9 for n in names], 0.4, label="stored (total)")
 ax.bar(xs + 0.2, [(routed_active if n == "routed_experts" else 0 if n == "embedding" else parts[n]) / 1e9
                   for n in names], 0.4, label="active per token")
-bar_labels(ax, stored, lambda v: f"{v:.3g}B")
+bar_labels(ax, stored, lambda v: f"{v:.4g}B")
 ax.set_yscale("log"), ax.set_ylabel("parameters (billions, log)"), ax.set_xticks(xs, names, rotation=25, ha="right")
 ax.set_title(f"K3 on the meta device: {total / 1e12:.2f}T stored, {active / 1e9:.0f}B active"), ax.legend()
 plt.tight_layout(); plt.show()
@@ -349,7 +349,8 @@ plt.tight_layout(); plt.show()
 # ## Exercises
 #
 # Write the function, then run the cell: the check tests it on random inputs against the project's own
-# implementation and tells you what is off. Stuck? `hint("1.1")` names the idea, `hint("1.1", 2)` the formula. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
+# implementation and tells you what is off. Stuck? `hint("1.1")` names the idea, `hint("1.1", 2)` the
+# formula. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
 # solutions from `lessons/solutions/`.)
 #
 # ### Exercise 1.1 — route a batch of tokens (★☆☆, about 10 min)

@@ -161,3 +161,11 @@ def _tracked_module():
     import sys
 
     return sys.modules[__name__]
+
+
+def test_no_source_is_quoted_as_saying_vs_k2():
+    """The 6.3x is Moonshot's claim for Delta Attention (Kimi Linear's TPOT); nobody wrote "vs K2": never quote it."""
+    quoted = re.compile(r"[\"“'‘][^\"”'’\n]{0,60}\bvs\.? K2\b[^\"”'’\n]{0,60}[\"”'’]")
+    files = _scanned_files() + sorted(DOCS.glob("*.md"))
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files for m in quoted.finditer(p.read_text(encoding="utf-8"))]
+    assert not found, "a quoted 'vs K2':\n" + "\n".join(found)

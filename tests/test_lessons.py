@@ -72,7 +72,9 @@ async def _execute(path: Path) -> dict:
                 await client.async_execute_cell(cell, index)
             result["seconds"] = time.perf_counter() - start
             probe = nbformat.v4.new_code_cell("import json as _json\nprint(_json.dumps(facts, default=str))")
-            await client.async_execute_cell(probe, len(nb.cells))
+            nb.cells.append(probe)                 # nbclient writes outputs into nb.cells[index]
+            await client.async_execute_cell(probe, len(nb.cells) - 1)
+            nb.cells.pop()
             result["facts"] = json.loads(_outputs_text(probe).strip().splitlines()[-1])
             nb.cells.append(nbformat.v4.new_code_cell("import workshop\nworkshop.use_solutions(True)"))
             for cell in exercises:

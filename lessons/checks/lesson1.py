@@ -17,7 +17,8 @@ my_route(scores, bias, top_k) -> (expert_ids, weights)
 Checked against tiny_k3.moe.route on random routers with E = 12, 56 and 896 (k3_facts.md §1c, §3b).
 """,
           hints=('The bias decides WHO is chosen; the unbiased scores decide HOW MUCH each chosen expert counts.',
-                 'ids = (scores + bias).topk(top_k, dim=-1).indices;  w = scores.gather(-1, ids);  w / w.sum(-1, keepdim=True)'))
+                 'ids = (scores + bias).topk(top_k, dim=-1).indices;  w = scores.gather(-1, ids);  w / w.sum(-1, '
+                 'keepdim=True)'))
 def check_route(fn) -> None:
     from tiny_k3.moe import route
 
@@ -86,8 +87,10 @@ my_active_params(parts, num_experts, top_k) -> int
   returns the parameters ONE token touches (the convention behind K3's "104B active", k3_facts.md §1d).
 Checked against tiny_k3.parameter_counts for tiny, small, mini-56/1, mini-896/16 and k3.
 """,
-          hints=('A token multiplies every weight except the idle routed experts; the input embedding is a lookup, not a matmul.',
-                 "sum(parts.values()) - parts['embedding'] - parts['routed_experts'] * (num_experts - top_k) // num_experts"))
+          hints=('A token multiplies every weight except the idle routed experts; the input embedding is a lookup, not'
+                 ' a matmul.',
+                 "sum(parts.values()) - parts['embedding'] - parts['routed_experts'] * (num_experts - top_k) // "
+                 'num_experts'))
 def check_active_params(fn) -> None:
     from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
@@ -140,7 +143,8 @@ my_bias_update(bias, load, rate) -> new_bias
   attractive, underloaded ones more, and an expert exactly at the mean load keeps its bias.
 Checked against tiny_k3.moe.Router.update_bias, on loads where some experts sit exactly at the mean.
 """,
-          hints=('Every bias moves by the same fixed step γ; only the direction depends on the load (and a balanced expert does not move).',
+          hints=('Every bias moves by the same fixed step γ; only the direction depends on the load (and a balanced '
+                 'expert does not move).',
                  "bias + rate * torch.sign(load.mean() - load)      (sign(0) = 0 keeps a balanced expert's bias)"))
 def check_bias_update(fn) -> None:
     from tiny_k3.moe import Router

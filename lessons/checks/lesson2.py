@@ -17,8 +17,10 @@ my_kda_step(S, q, k, v, g, beta, scale) -> (o, S_new)       one token, one head 
   three steps: forget (per key channel), write with the delta rule, read from the new state.
 Checked against tiny_k3.kda.kda_recurrent (T = 1) in float64, with K ≠ V (e.g. K = 6, V = 5).
 """,
-          hints=('Decay each ROW d of S by its own exp(g_d); then write only the error between v and what the decayed memory already returns for k; then read with the scaled query from the NEW state.',
-                 'S_dec = g.exp()[:, None] * S;  S_new = S_dec + beta * torch.outer(k, v - S_dec.T @ k);  o = S_new.T @ (scale * q)'))
+          hints=('Decay each ROW d of S by its own exp(g_d); then write only the error between v and what the decayed '
+                 'memory already returns for k; then read with the scaled query from the NEW state.',
+                 'S_dec = g.exp()[:, None] * S;  S_new = S_dec + beta * torch.outer(k, v - S_dec.T @ k);  o = S_new.T '
+                 '@ (scale * q)'))
 def check_kda_step(fn) -> None:
     from tiny_k3.kda import kda_recurrent
 
@@ -97,8 +99,10 @@ my_kda_gate(g_raw, A_log, dt_bias, lower_bound) -> g                  (kda.md §
   returns g [T, H, K], the per-channel log decay (g ≤ 0, so exp(g) ∈ (0, 1]).
 Checked against tiny_k3.kda.kda_gate.
 """,
-          hints=('Both forms add the per-channel offset dt_bias and scale by the per-head rate exp(A_log); the softplus form negates, the bounded form squeezes into (lower_bound, 0) with a sigmoid.',
-                 'x = g_raw + dt_bias.view(H, K);  a = A_log.exp()[:, None]\n  None:  g = -a * softplus(x)            bounded:  g = lower_bound * sigmoid(a * x)'))
+          hints=('Both forms add the per-channel offset dt_bias and scale by the per-head rate exp(A_log); the '
+                 'softplus form negates, the bounded form squeezes into (lower_bound, 0) with a sigmoid.',
+                 'x = g_raw + dt_bias.view(H, K);  a = A_log.exp()[:, None]\n'
+                 '  None:  g = -a * softplus(x)            bounded:  g = lower_bound * sigmoid(a * x)'))
 def check_kda_gate(fn) -> None:
     from torch.nn.functional import softplus
 

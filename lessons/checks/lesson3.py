@@ -22,8 +22,10 @@ my_mla_cache_bytes(config, tokens) -> int
   Which layers keep a cache (config.mla_layers), how many values per token per layer, how many bytes each?
 Checked against sim.memory.cache_bytes (which tests prove equal to the bytes of the live cache tensors).
 """,
-          hints=("Only MLA layers cache, and they cache one latent per token for all heads (docs/mla.md §2), in the weights' dtype.",
-                 'tokens * len(config.mla_layers) * config.mla_cache_width * config.dtype_bytes   (mla_cache_width = kv_lora_rank + qk_rope_dim; K3: 24 × 576 × 2 = 27,648 B per token)'))
+          hints=('Only MLA layers cache, and they cache one latent per token for all heads (docs/mla.md §2), in the '
+                 "weights' dtype.",
+                 'tokens * len(config.mla_layers) * config.mla_cache_width * config.dtype_bytes   (mla_cache_width = '
+                 'kv_lora_rank + qk_rope_dim; K3: 24 × 576 × 2 = 27,648 B per token)'))
 def check_mla_cache_bytes(fn) -> None:
     from sim.memory import cache_bytes
 
@@ -70,8 +72,11 @@ my_kda_state_bytes(config) -> int
   recurrent state and the short convolution's tail (lesson 2, section 4).
 Checked against sim.memory.state_bytes_fixed.
 """,
-          hints=("The state S is [H, K, V] per layer and is kept in float32 whatever the weights' dtype; the conv tail keeps the last W − 1 inputs of q, k and v in the weights' dtype.",
-                 'per KDA layer: H·K·V·4  +  (W − 1)·(2·H·K + H·V)·dtype_bytes,  H = kda_heads, K = V = kda_head_dim, W = kda_conv_kernel\n  K3: 69 × 96 × 128 × 128 × 4 + 69 × 3 × 36,864 × 2 = 449 MB (k3_facts.md §5a)'))
+          hints=("The state S is [H, K, V] per layer and is kept in float32 whatever the weights' dtype; the conv tail"
+                 " keeps the last W − 1 inputs of q, k and v in the weights' dtype.",
+                 'per KDA layer: H·K·V·4  +  (W − 1)·(2·H·K + H·V)·dtype_bytes,  H = kda_heads, K = V = kda_head_dim, '
+                 'W = kda_conv_kernel\n'
+                 '  K3: 69 × 96 × 128 × 128 × 4 + 69 × 3 × 36,864 × 2 = 449 MB (k3_facts.md §5a)'))
 def check_kda_state_bytes(fn) -> None:
     from sim.memory import state_bytes_fixed
 

@@ -16,8 +16,10 @@ my_depth_attention(sources, query, norm_weight) -> (h, weights)       one token 
   returns h [D], what the sublayer reads, and weights [N], one per source, summing to 1.
 Checked against tiny_k3.attnres.depth_attention.
 """,
-          hints=('Keys are the sources through an RMSNorm (with its gain); the logits are key · query with no 1/√D; the softmax runs over the N sources; h mixes the RAW sources.',
-                 'keys = sources * torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight\n  weights = (keys @ query).softmax(0);  h = weights @ sources'))
+          hints=('Keys are the sources through an RMSNorm (with its gain); the logits are key · query with no 1/√D; '
+                 'the softmax runs over the N sources; h mixes the RAW sources.',
+                 'keys = sources * torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight\n'
+                 '  weights = (keys @ query).softmax(0);  h = weights @ sources'))
 def check_depth_attention(fn) -> None:
     from tiny_k3.attnres import depth_attention
     from tiny_k3.norm import rms_norm
@@ -85,8 +87,10 @@ my_block_sources(embedding, outputs, block_size) -> list of tensors   (Block Att
   returns what the NEXT sublayer attends over, in order, embedding first.
 Checked against tiny_k3.attnres.DepthStream.
 """,
-          hints=('b_0 is the embedding alone; each completed block of S outputs becomes ONE source (its own sum); a started block adds its partial sum.',
-                 '[embedding] + [sum(outputs[i:i + S]) for i in range(0, len(outputs), S)]   (the last slice is the partial sum when len(outputs) % S > 0)'))
+          hints=('b_0 is the embedding alone; each completed block of S outputs becomes ONE source (its own sum); a '
+                 'started block adds its partial sum.',
+                 '[embedding] + [sum(outputs[i:i + S]) for i in range(0, len(outputs), S)]   (the last slice is the '
+                 'partial sum when len(outputs) % S > 0)'))
 def check_block_sources(fn) -> None:
     from tiny_k3.attnres import DepthStream
 

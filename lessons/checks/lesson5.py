@@ -14,7 +14,8 @@ my_mxfp4_bytes(rows, cols) -> int
   bytes of a [rows, cols] weight matrix stored as MXFP4 (OCP MX, k3_facts.md §4).
 Checked against sim.costs.mxfp4_bytes.
 """,
-          hints=('MXFP4 packs each row in blocks of 32 values: 4-bit E2M1 values plus one shared 8-bit E8M0 scale per block; the last block of a row is padded.',
+          hints=('MXFP4 packs each row in blocks of 32 values: 4-bit E2M1 values plus one shared 8-bit E8M0 scale per '
+                 'block; the last block of a row is padded.',
                  'rows * ceil(cols / 32) * (16 + 1)     (16 B of 4-bit values + a 1-B scale per block)'))
 def check_mxfp4_bytes(fn) -> None:
     from sim.costs import mxfp4_bytes
@@ -51,7 +52,8 @@ my_release_bytes(parts) -> int
   and the non-expert layers; k3_facts.md §1b, §4).
 Checked against sim.costs.weight_bytes(config, "k3-release") on K3 (1.560 TB) and two small presets.
 """,
-          hints=('Only the routed experts are MXFP4; everything else (attention, shared experts, router, projections, embedding, head) stays BF16.',
+          hints=('Only the routed experts are MXFP4; everything else (attention, shared experts, router, projections, '
+                 'embedding, head) stays BF16.',
                  "ceil(parts['routed_experts'] / 32) * 17 + (sum(parts.values()) - parts['routed_experts']) * 2"))
 def check_release_bytes(fn) -> None:
     from sim.costs import weight_bytes
@@ -93,7 +95,8 @@ my_ep_bytes(config) -> int
   dispatch (to the experts) and combine (back), for each of the top_k routed copies.
 Checked against sim.costs.ep_traffic_for(config).per_layer.
 """,
-          hints=('Dispatch travels in FP8 with a 1-byte scale per 32 values, combine in BF16; with latent MoE the token is projected down BEFORE dispatch, so the latent width travels, not the hidden width.',
+          hints=('Dispatch travels in FP8 with a 1-byte scale per 32 values, combine in BF16; with latent MoE the '
+                 'token is projected down BEFORE dispatch, so the latent width travels, not the hidden width.',
                  'top_k * (l + ceil(l / 32)) + top_k * l * 2,   l = config.latent_dim (K3: 3584)'))
 def check_ep_bytes(fn) -> None:
     from sim.costs import ep_traffic_for

@@ -45,8 +45,10 @@ my_sublayer_order(config) -> list of str
   ("dense" or "moe"), then "head".
 Checked against the events a real TinyK3 forward pass reports (tiny_k3.TraceRecorder).
 """,
-          hints=("config.layer_kinds gives each layer's attention kind (K3: MLA every 4th layer and the last); the first config.first_k_dense layers have a dense MLP, the rest MoE.",
-                 "['embed'] + [x for i, kind in enumerate(config.layer_kinds) for x in (kind, 'dense' if i < config.first_k_dense else 'moe')] + ['head']"))
+          hints=("config.layer_kinds gives each layer's attention kind (K3: MLA every 4th layer and the last); the "
+                 'first config.first_k_dense layers have a dense MLP, the rest MoE.',
+                 "['embed'] + [x for i, kind in enumerate(config.layer_kinds) for x in (kind, 'dense' if i < "
+                 "config.first_k_dense else 'moe')] + ['head']"))
 def check_sublayer_order(fn) -> None:
     for cfg in _traced_configs():
         want = ["embed", *_trace_config(cfg)[0], "head"]
@@ -82,8 +84,11 @@ my_num_sources(config, layer, site) -> int
   (or "out" with layer = num_layers: the final read before the head).
 Checked against the depth weights a real TinyK3 forward pass reports.
 """,
-          hints=("Number the sublayers: layer i's attention is sublayer 2i, its MLP 2i + 1, the head's read 2·num_layers. Before sublayer j, j outputs exist; count the embedding, the completed blocks and a started block.",
-                 "j = 2 * layer + (site == 'mlp');  S = 1 if config.residual == 'full' else config.attnres_block_size\n  1 + j // S + (j % S > 0)"))
+          hints=("Number the sublayers: layer i's attention is sublayer 2i, its MLP 2i + 1, the head's read "
+                 '2·num_layers. Before sublayer j, j outputs exist; count the embedding, the completed blocks and a '
+                 'started block.',
+                 "j = 2 * layer + (site == 'mlp');  S = 1 if config.residual == 'full' else config.attnres_block_size\n"
+                 '  1 + j // S + (j % S > 0)'))
 def check_num_sources(fn) -> None:
     for cfg in _traced_configs():
         if cfg.residual == "standard":
