@@ -279,3 +279,20 @@ def test_figures_are_readable_on_a_projector():
         assert all(int(s) >= MIN_FONT_PT for s in small), f"{name}: font sizes {small} (at least {MIN_FONT_PT} pt)"
         assert ".imshow(" not in text, f"{name}: draw heatmaps with heatmap(...), which adds the colourbar"
         assert "axis(\"off\")" not in text or name == "diagram.py", f"{name}: a plot without axes"
+
+
+def test_setup_check_fails_without_a_notebook_front_end(monkeypatch, capsys):
+    sys.path.insert(0, str(LESSONS))
+    import setup_check
+
+    real = setup_check.importlib.import_module
+
+    def no_front_end(name, *args):
+        if name in ("jupyterlab", "notebook"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(setup_check.importlib, "import_module", no_front_end)
+    assert setup_check.main() == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] notebook app" in out and "dev.py setup --offline" in out and "All set" not in out
