@@ -2,6 +2,7 @@
 
     python -m sim --preset small --prompt "key=7; 3+4=" --steps 16 --layer 3
     python -m sim costs          # K3's serving figures and the corrections, with their sources
+    python -m sim measure --quick  # one real-width layer of each kind timed here, composed into K3 and its twin
 
 Prints one row per token (the token fed in and the one chosen next, the experts chosen in --layer, the
 KDA state norm of --kda-layer, the decode-cache bytes of the hybrid and of its all-MLA twin), then the
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
 
         main_costs(console)
         return 0
+    if argv[:1] == ["measure"]:
+        from .measure import main_measure
+
+        return main_measure(argv[1:], console)
     args = _parser().parse_args(argv)
     try:
         if args.preset in COUNTED_ONLY:

@@ -1,0 +1,20 @@
+"""Measured, not modelled: K3's decode speed-up from one real-width layer of each kind.
+
+    python -m sim measure [--tokens 1024,...,1048576] [--device cpu|cuda] [--dtype float32|bfloat16] [--quick] [--save]
+
+layers.py       the layers at real widths from tiny_k3's modules; absorbed MLA decode; MoE with touched experts only
+measurement.py  timing, the machine's copy bandwidth and GEMM FLOP/s, `Measurement` (composition), save / load
+accelerators.py H100 / H200 / B200 / B300 bandwidth and dense BF16 FLOP/s (docs/accelerators.md)
+report.py       the printed tables, the roofline, the reading, the CLI and its last line
+"""
+
+from .accelerators import ACCELERATORS, REPORTED_SPEEDUP, Accelerator
+from .layers import TouchedMoE, Widths, absorbed_mla_step, k2_config, latent_cache, widths
+from .measurement import (LayerWork, Machine, Measurement, check_memory, estimate_peak_bytes, load_saved, measure,
+                          parse_tokens, save, schedules)
+from .report import last_line, main_measure, reading, report
+
+__all__ = ["measure", "Measurement", "LayerWork", "Machine", "load_saved", "save", "main_measure", "last_line",
+           "reading", "report", "absorbed_mla_step", "latent_cache", "TouchedMoE", "Widths", "widths", "k2_config",
+           "schedules", "check_memory", "estimate_peak_bytes", "parse_tokens", "ACCELERATORS", "Accelerator",
+           "REPORTED_SPEEDUP"]
