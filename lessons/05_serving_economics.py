@@ -336,19 +336,26 @@ try_exercise(check_ep_bytes, my_ep_bytes)
 # and a K2-shaped model = 61 K2 MLA + 60 K2 MoE + K2's dense layer + head (docs/k2_config.md).
 #
 # On your laptop: `python -m sim measure --quick --save` (a few minutes; the full run goes to 1M tokens),
-# or set `MEASURE_HERE = True` below. The lesson reads the saved measurement — the one shipped in
-# `bench/results/` was taken on the project's 2-core machine while other jobs ran — and runs the same
+# or set `MEASURE_HERE = True` below. The lesson reads your saved measurement, else the one shipped in
+# `bench/results/shipped/` (taken on the project's 2-core machine while other jobs ran), and runs the same
 # code at tiny widths (`tiny=True`) to show that it works.
 
 # %%
-from sim.measure import ACCELERATORS, REPORTED_SPEEDUP, load_saved, measure, reading  # noqa: E402
+from sim.measure import ACCELERATORS, REPORTED_SPEEDUP, SHIPPED, load_saved, measure, reading  # noqa: E402
 
 MEASURE_HERE = False       # True: measure this machine at real widths (--quick settings, a few minutes)
 check = measure((64, 256), tiny=True, quick=True)    # K3's topology at tiny widths: seconds, numbers mean nothing
 print(f"tiny-width check: K3 {1e3 * check.per_token('k3', 256):.1f} ms/token = "
       + " + ".join(f"{n} x {layer}" for layer, n in check.schedules["k3"].items()))
-m = measure(quick=True) if MEASURE_HERE else (load_saved() or check)
-print(f"measurement: {m.widths} widths on {m.device_name}, {m.dtype}, {m.machine.threads} threads, {m.created}; "
+if MEASURE_HERE:
+    m, whose = measure(quick=True), "yours, just now"
+elif load_saved() is not None:
+    m, whose = load_saved(), "yours, saved by `python -m sim measure --save`"
+elif SHIPPED.is_file():
+    m, whose = load_saved(SHIPPED), "shipped: the project's machine, under load from other jobs"
+else:
+    m, whose = check, "the tiny-width check (no saved measurement found)"
+print(f"measurement ({whose}): {m.widths} widths on {m.device_name}, {m.dtype}, {m.machine.threads} threads, {m.created}; "
       f"copy {m.machine.bandwidth / 1e9:.1f} GB/s, GEMM {m.machine.flops / 1e9:.0f} GFLOP/s")
 
 # %%

@@ -3,6 +3,7 @@ save / load, bad input and the CLI's last line. Tiny widths (`--tiny`, K3's topo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from sim.__main__ import main
 from sim.measure import (LayerWork, TouchedMoE, absorbed_mla_step, check_memory, estimate_peak_bytes, last_line,
-                         load_saved, measure, parse_tokens, reading, save, schedules, widths)
+                         load_saved, measure, parse_tokens, reading, save, saved_line, schedules, widths)
 from sim.measure.measurement import _meta_weights
 from tiny_k3 import K3Config
 from tiny_k3.mla import GatedMLA
@@ -198,6 +199,27 @@ def test_save_and_load_round_trip(tiny_run, tmp_path):
         load_saved(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="no saved measurement at"):
         load_saved(tmp_path / "missing.json")
+
+
+def test_load_saved_reads_this_machines_default_files_only(tiny_run, tmp_path, monkeypatch):
+    import sim.measure.measurement as M
+
+    monkeypatch.setattr(M, "RESULTS", tmp_path)
+    assert load_saved() is None and M.saved_paths() == []
+    (tmp_path / "shipped").mkdir()
+    save(tiny_run, tmp_path / "shipped" / "measure-cpu-quick.json")     # a shipped one is not "this machine's"
+    assert load_saved() is None
+    path = save(tiny_run)                                               # --save without a path
+    assert path == tmp_path / "measure-cpu-quick.json" and load_saved() == tiny_run
+    assert saved_line() is None                                         # tiny widths: nothing for the TUI
+    real = dataclasses.replace(tiny_run, widths="k3", tokens=tiny_run.tokens)
+    save(real)
+    n = TOKENS[-1]
+    assert saved_line() == (f"measured on this machine (cpu, float32): K3 decodes {tiny_run.speedup(n):.2f}x faster "
+                            f"than its all-MLA twin at {n:,} tokens (bandwidth model "
+                            f"{tiny_run.bandwidth_speedup(n):.2f}x; python -m sim measure)")
+    path.write_text("{not json")
+    assert saved_line() is None
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -215,11 +215,15 @@ def save(measurement: Measurement, path: str | Path | None = None) -> Path:
     return path
 
 
+SAVED_NAMES = ("measure-cuda.json", "measure-cpu.json", "measure-cuda-quick.json", "measure-cpu-quick.json")
+# A measurement taken by the project on its own machine, for the lesson; never shown as "this machine's".
+SHIPPED = RESULTS / "shipped" / "measure-cpu-quick.json"
+
+
 def saved_paths() -> list[Path]:
-    """Saved measurements in bench/results, the most telling first: full before quick, CUDA before CPU."""
-    order = ["measure-cuda.json", "measure-cpu.json", "measure-cuda-quick.json", "measure-cpu-quick.json"]
-    found = sorted(RESULTS.glob("measure-*.json"), key=lambda p: (order.index(p.name) if p.name in order else 9, p.name))
-    return found
+    """This machine's saved measurements (`--save` without a path), the most telling first: full before quick,
+    CUDA before CPU. The shipped measurement in bench/results/shipped/ is not one of them."""
+    return [RESULTS / name for name in SAVED_NAMES if (RESULTS / name).is_file()]
 
 
 def load_saved(path: str | Path | None = None) -> Measurement | None:
@@ -388,8 +392,11 @@ def _peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports KiB
 
 
-def _free(device: torch.device) -> None:
-    gc.collect()
+def _free(device: torch.device, collect: bool = True) -> None:
+    """Give a freed layer's memory back before the next one is built (tensors go on their last reference;
+    gc.collect catches any cycle, but costs seconds on a loaded machine: skipped at tiny widths)."""
+    if collect:
+        gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -470,7 +477,7 @@ def measure(tokens: tuple[int, ...] | str | None = None, device: str | None = No
                              torch.zeros(1, c.kda_conv_kernel - 1, 3 * H * K, device=dev, dtype=tdtype))
             run("kda", kda, lambda: kda(x, state), kda_work(kda))
             del kda, state
-            _free(dev)
+            _free(dev, not tiny)
 
         mla = L.build_mla(c, dev, tdtype, gated=not prefix)
         for t in tokens:
@@ -478,28 +485,28 @@ def measure(tokens: tuple[int, ...] | str | None = None, device: str | None = No
             kv = L.latent_cache(c, t, dev, tdtype)
             run(f"{prefix}mla@{t}", mla, lambda: L.absorbed_mla_step(mla, x, kv, t), mla_work(mla))
             del kv
-            _free(dev)
+            _free(dev, not tiny)
         del mla
-        _free(dev)
+        _free(dev, not tiny)
 
         tick(f"{prefix}MoE layer (touched experts only)")
         moe = L.TouchedMoE.random(c, x, dev, tdtype, latent=not prefix)
         run(f"{prefix}moe", moe, lambda: moe(x), matvec_work(moe))
         del moe
-        _free(dev)
+        _free(dev, not tiny)
 
         tick(f"{prefix}dense MLP")
         dense = L.build_dense(c, dev, tdtype)
         run(f"{prefix}dense", dense, lambda: dense(x), matvec_work(dense))
         del dense
-        _free(dev)
+        _free(dev, not tiny)
 
         if not prefix:
             tick("final norm + LM head")
             head = L.build_head(c, dev, tdtype)
             run("head", head, lambda: head(x), matvec_work(head))
             del head
-            _free(dev)
+            _free(dev, not tiny)
 
     c = w.k3
     full_moe = held["moe"] + (c.num_experts - c.top_k) * 3 * c.moe_intermediate * c.latent_dim * element_bytes
