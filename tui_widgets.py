@@ -23,6 +23,7 @@ from textual.strip import Strip
 
 from sim import render as R
 from sim.frame import Frame, SublayerView
+from sim.measure import saved_line
 from sim.memory import format_bytes, kv_bytes_per_token, state_bytes_fixed
 from tiny_k3.config import K3Config
 
@@ -377,6 +378,9 @@ class MemoryPanel(Panel):
                  f"heads x {cfg.kda_head_dim}x{cfg.kda_head_dim} fp32 + conv tails), the same at 1 token and at 1M"),
             Text(_crossover(cfg), style="italic"),
         ]
+        measured = saved_line()            # this machine's `python -m sim measure --save`, when there is one
+        if measured:
+            parts.append(Text(measured, style="italic cyan"))
         if v.compare:                      # what the learner just asked for goes on top, in view
             parts.insert(0, _per_layer_table(cfg, frame))
         return f"Memory · {tokens} tokens", Group(*parts)

@@ -329,8 +329,8 @@ try_exercise(check_ep_bytes, my_ep_bytes)
 # ## Measure it yourself
 #
 # Everything above is a *model*. `sim.measure` times the real thing: one layer of each kind at K3's real
-# widths — a KDA layer (0.44B parameters), a gated MLA layer (0.23B) with a latent cache of T tokens read
-# in the absorbed form (576 values per token), a latent MoE layer with only the 16 + 2 experts one step
+# widths — a KDA layer, a gated MLA layer with a latent cache of T tokens read in the absorbed form
+# (kv_lora_rank + qk_rope_dim values per token, `mla.md §2`), a latent MoE layer with only the 16 + 2 experts one step
 # touches, the dense first layer and the LM head — with random weights, one at a time, then composes them
 # by the schedules: K3 = 69 KDA + 24 MLA + 92 MoE + dense + head, its all-MLA twin = 93 MLA + the same,
 # and a K2-shaped model = 61 K2 MLA + 60 K2 MoE + K2's dense layer + head (docs/k2_config.md).
@@ -357,6 +357,7 @@ else:
     m, whose = check, "the tiny-width check (no saved measurement found)"
 print(f"measurement ({whose}): {m.widths} widths on {m.device_name}, {m.dtype}, {m.machine.threads} threads, {m.created}; "
       f"copy {m.machine.bandwidth / 1e9:.1f} GB/s, GEMM {m.machine.flops / 1e9:.0f} GFLOP/s")
+print("one layer of each kind, weights: " + ", ".join(f"{layer} {w.weights / 1e9:.3f}B" for layer, w in m.work.items()))
 
 # %%
 T = np.array(m.tokens)

@@ -8,7 +8,8 @@ normal numbers takes minutes on a laptop CPU, where tiling takes seconds.
 Two decode steps are written here rather than in tiny_k3, because they are what an inference engine
 runs, not what the simulator steps through:
 
-* `absorbed_mla_step`: gated MLA's decode in the absorbed form (DeepSeek-V2 §2.1.2; FlashMLA's layout):
+* `absorbed_mla_step`: gated MLA's decode in the absorbed form (mla.md §2; DeepSeek-V2 §2.1.3; the one-buffer
+  layout of FlashMLA):
   W_UK is folded into the query and W_UV applied after the attention, so each cached token is read as its
   576 stored values (kv_lora_rank 512 + qk_rope_dim 64), never expanded into 96 heads of keys and values.
   tests/test_measure.py checks it against `GatedMLA.forward` (the non-absorbed form) in float64.
