@@ -109,7 +109,7 @@ def reading(m: Measurement) -> list[str]:
     if grow > 0 and k3_bytes[0] > twin_bytes[0]:
         lines.append(f"A KDA layer holds {m.work['kda'].weights / 1e6:,.0f}M weights, an MLA layer "
                      f"{m.work['mla'].weights / 1e6:,.0f}M: at short context K3 moves more bytes per token than its twin, "
-                     f"and the twin's 69 extra latent caches outweigh that only from about "
+                     f"and the twin's {m.schedules['twin']['mla'] - m.schedules['k3']['mla']} extra latent caches outweigh that only from about "
                      f"{(k3_bytes[0] - twin_bytes[0]) / grow:,.0f} cached tokens (bandwidth model, {m.dtype}).")
     rest = [k for k in m.schedules["k3"] if not m.work[k].cache_width]
     rest_bytes = sum(m.schedules["k3"][k] * m.work[k].bytes_at(0, m.element_bytes) for k in rest)
