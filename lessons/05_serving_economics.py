@@ -362,18 +362,19 @@ print("one layer of each kind, weights: " + ", ".join(f"{layer} {w.weights / 1e9
 # %%
 T = np.array(m.tokens)
 grid = np.unique(np.logspace(10, 20, 41, base=2).astype(int))    # the roofline is analytic: 1K..1M whatever was timed
-fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 3.6))
+fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
 for model, label in [("k3", "K3 (hybrid)"), ("twin", "all-MLA twin"), ("k2", "K2-shaped")]:
     a1.plot(T, [m.per_token(model, int(t)) for t in T], "o-", label=label)
 a1.set_xscale("log"), a1.set_yscale("log"), a1.set_xlabel("cached tokens T"), a1.set_ylabel("s per token, measured")
-a1.set_title(f"decode on {m.device} ({m.dtype})"), a1.legend(fontsize=7)
+a1.set_title(f"decode on {m.device} ({m.dtype})"), a1.legend(fontsize=9)
 
 keys = [k for k in m.seconds if "@" not in k] + [f"mla@{T[-1]}", f"k2-mla@{T[-1]}"]
 frac = np.array([m.fractions(k) for k in keys])
 x = np.arange(len(keys))
 a2.bar(x - 0.2, frac[:, 0], 0.4, label="of copy bandwidth"), a2.bar(x + 0.2, frac[:, 1], 0.4, label="of GEMM FLOP/s")
-a2.set_xticks(x, [k.replace("@", "\n") for k in keys], fontsize=6), a2.set_ylabel("achieved fraction")
-a2.set_title("each step vs this machine's peaks"), a2.legend(fontsize=7)
+a2.set_xticks(x, [k.replace("@", " @") for k in keys], fontsize=9, rotation=60, ha="right")
+a2.set_ylabel("achieved fraction")
+a2.set_title("each step vs this machine's peaks"), a2.legend(fontsize=9)
 
 for acc in ACCELERATORS:
     a3.plot(grid, [m.roofline_speedup(int(t), acc.bandwidth, acc.bf16_flops) for t in grid], lw=1, label=f"{acc.name} roofline")
@@ -381,9 +382,9 @@ a3.plot(grid, [m.bandwidth_speedup(int(t)) for t in grid], "k:", lw=1, label="ba
 a3.plot(T, [m.speedup(int(t)) for t in T], "ko-", label="measured here")
 for y, label in [(REPORTED_SPEEDUP, f"reported {REPORTED_SPEEDUP:g}x"), (93 / 24, "93/24 ceiling")]:
     a3.axhline(y, color="crimson" if y == REPORTED_SPEEDUP else "grey", ls="--", lw=0.8)
-    a3.text(grid[0], y, label, fontsize=7, va="bottom")
+    a3.text(grid[0], y, label, fontsize=9, va="bottom")
 a3.set_xscale("log"), a3.set_xlabel("cached tokens T"), a3.set_ylabel("twin / K3 per-token time")
-a3.set_title("K3's speed-up over its all-MLA twin"), a3.legend(fontsize=6)
+a3.set_title("K3's speed-up over its all-MLA twin"), a3.legend(fontsize=9)
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -402,3 +403,9 @@ print(f"• In bf16 one KDA layer moves {format_bytes(kda.bytes_at(0, 2))} per s
       + (f"overtakes its twin from about {wins[0]:,} cached tokens" if wins else "never overtakes its twin in this range")
       + f" and reaches {m.roofline_speedup(int(grid[-1]), h200.bandwidth, h200.bf16_flops):.2f}x at {grid[-1]:,}: "
       f"far from {REPORTED_SPEEDUP:g}x, which compares Kimi Linear with a full-MLA model (k3_facts.md §0).")
+n = m.tokens[-1]
+facts.update(measure_schedule_k3=check.schedules["k3"], measure_schedule_twin=check.schedules["twin"],
+             measure_check_sum=check.per_token("k3", 256) - sum(check.parts("k3", 256).values()),
+             measure_tokens=n, measure_speedup=m.speedup(n), measure_bandwidth_model=m.bandwidth_speedup(n),
+             measure_h200_roofline_1M=m.roofline_speedup(int(grid[-1]), h200.bandwidth, h200.bf16_flops),
+             measure_h200_overtakes_from=wins[0] if wins else None, measure_ceiling=93 / 24)
