@@ -2,8 +2,8 @@
 
 Every figure cites the section of docs/k3_facts.md it comes from. Parameter counts
 come from `tiny_k3.parameter_breakdown` (the real modules on the meta device), never a hand
-formula -- except for K2 and Kimi Linear, which are not K3Configs (no KDA/latent MoE/AttnRes), so
-their few figures are written out below from their configs (k3_facts.md §3a). Bytes are decimal.
+formula -- K2 and Kimi Linear included: they are the `k2` and `kimi-linear-48b` presets (docs/lineage.md).
+Bytes are decimal.
 """
 
 from __future__ import annotations
@@ -157,37 +157,27 @@ def serving_model(config: K3Config, scheme: str = "k3-release", kv_config: K3Con
     )
 
 
-# K2 is not a K3Config (plain MLA without output gate, no latent MoE, no AttnRes), so its parameters are
-# written out from its config.json (k3_facts.md §3a, S18/S19): d 7168, 61 layers (1 dense, 18432), 384
-# experts top-8 of width 2048, 1 shared expert, MLA 64 heads, q_lora 1536, kv_lora 512, nope/rope/v 128/64/128.
-K2 = dict(d=7168, layers=61, dense=1, experts=384, top_k=8, moe_inter=2048, shared=1, dense_inter=18432,
-          heads=64, q_lora=1536, kv_lora=512, nope=128, rope=64, v=128, vocab=163840)
+# K2 and Kimi Linear are presets of the same config language (tiny_k3/config.py, docs/lineage.md), counted on the
+# meta device like K3. `K2` keeps the handful of K2 numbers lesson 1 prints, read off the preset.
+K2_CONFIG = K3Config.preset("k2")
+K2 = dict(d=K2_CONFIG.hidden_size, layers=K2_CONFIG.num_layers, dense=K2_CONFIG.first_k_dense,
+          experts=K2_CONFIG.num_experts, top_k=K2_CONFIG.top_k, moe_inter=K2_CONFIG.moe_intermediate,
+          shared=K2_CONFIG.num_shared_experts, dense_inter=K2_CONFIG.dense_intermediate, heads=K2_CONFIG.mla_heads,
+          q_lora=K2_CONFIG.q_lora_rank, kv_lora=K2_CONFIG.kv_lora_rank, nope=K2_CONFIG.qk_nope_dim,
+          rope=K2_CONFIG.qk_rope_dim, v=K2_CONFIG.v_head_dim, vocab=K2_CONFIG.vocab_size)
 
 
 def k2_parameters() -> tuple[int, int]:
-    """(routed expert params, all other params) of Kimi K2: 1014.7B and 11.7B (total 1.0264T, §3a)."""
-    k = K2
-    mla = (k["d"] * k["q_lora"] + k["q_lora"] + k["q_lora"] * k["heads"] * (k["nope"] + k["rope"])
-           + k["d"] * (k["kv_lora"] + k["rope"]) + k["kv_lora"] + k["kv_lora"] * k["heads"] * (k["nope"] + k["v"])
-           + k["heads"] * k["v"] * k["d"])
-    moe_layers = k["layers"] - k["dense"]
-    expert = 3 * k["d"] * k["moe_inter"]
-    rest = (k["layers"] * (mla + 2 * k["d"]) + k["dense"] * 3 * k["d"] * k["dense_inter"]
-            + moe_layers * (k["shared"] * expert + k["experts"] * k["d"]) + 2 * k["vocab"] * k["d"] + k["d"])
-    return moe_layers * k["experts"] * expert, rest
+    """(routed expert params, all other params) of Kimi K2, from the `k2` preset: 1014.7B and 11.7B (total
+    1.0264T, k3_facts.md §3a; the published "1T total" rounds it)."""
+    parts = _parts(K2_CONFIG)
+    return parts["routed_experts"], sum(parts.values()) - parts["routed_experts"]
 
 
 def k2_serving_model() -> ServingModel:
-    """K2 as §5b reads it: K2-Thinking's INT4 experts + BF16 rest, 61 MLA caches of 576 bf16 values."""
-    experts, rest = k2_parameters()
-    moe_layers = K2["layers"] - K2["dense"]
-    per_expert = experts // (moe_layers * K2["experts"])
-    return ServingModel(
-        name="K2", moe_layers=moe_layers, num_experts=K2["experts"], top_k=K2["top_k"],
-        expert_bytes=tensor_bytes(per_expert, "int4"), dense_bytes=tensor_bytes(rest - K2["vocab"] * K2["d"], "bf16"),
-        kv_bytes_per_token=K2["layers"] * (K2["kv_lora"] + K2["rope"]) * 2, state_bytes=0,
-        weight_bytes=tensor_bytes(experts, "int4") + tensor_bytes(rest, "bf16"),
-    )
+    """K2 as §5b reads it: K2-Thinking's INT4 experts + BF16 rest, 61 MLA caches of 576 bf16 values (70,272 B
+    a token). The weights are 594.2 GB: K2-Thinking's checkpoint (k3_facts.md §0, §4)."""
+    return serving_model(K2_CONFIG, "int4-experts", name="K2")
 
 
 def expected_experts_touched(num_experts: int, top_k: int, batch: int) -> float:
@@ -336,29 +326,26 @@ def ep_traffic(d_route: int, top_k: int, ep: int = 1, moe_layers: int = 1) -> EP
 
 
 def ep_traffic_for(config: K3Config, ep: int = 64) -> EPTraffic:
-    """A config's EP traffic: latent MoE dispatches in the latent width (K3: 3584, §1c)."""
-    return ep_traffic(config.latent_dim, config.top_k, ep, len(config.moe_layers))
+    """A config's EP traffic: latent MoE dispatches in the latent width (K3: 3584, §1c), a plain MoE in the
+    hidden width (K2: 7168)."""
+    d_route = config.latent_dim if config.moe_kind == "latent" else config.hidden_size
+    return ep_traffic(d_route, config.top_k, ep, len(config.moe_layers))
 
 
 # ---------------------------------------------------------------------------- corrections (§0)
 
-# Kimi Linear 48B-A3B (k3_facts.md §3a, S16/S17): 27 layers, MLA at 4,8,...,24 and 27, KDA 32 x 128, conv 4,
-# bf16 cache; ~3B active params -> 6 GB of bf16 weights read per token (§5b sanity check).
-KIMI_LINEAR = K3Config(
-    name="kimi-linear-48b", vocab_size=163840, hidden_size=2304, num_layers=27, dtype="bfloat16",
-    max_seq_len=MIB_CONTEXT, kda_heads=32, kda_head_dim=128, mla_heads=32, kv_lora_rank=512, qk_rope_dim=64,
-    qk_nope_dim=128, v_head_dim=128, num_experts=256, top_k=8, moe_intermediate=1024,
-    layer_kinds=tuple("mla" if i + 1 in (4, 8, 12, 16, 20, 24, 27) else "kda" for i in range(27)),
-)
-KIMI_LINEAR_WEIGHT_BYTES = 6e9
+# Kimi Linear 48B-A3B (k3_facts.md §3a, S16/S17; the `kimi-linear-48b` preset): 27 layers, MLA at 4,8,...,24 and 27,
+# KDA 32 x 128, conv 4, bf16 weights and cache; 3.1B active params -> 6.2 GB of bf16 weights read per token at B=1.
+KIMI_LINEAR = K3Config.preset("kimi-linear-48b")
 KIMI_LINEAR_TPOT_MS = {"full-MLA": 11.48, "Kimi Linear": 1.84}  # at 1M context (S16, S34)
 
 
 def _kimi_linear_ratio(context: int = MIB_CONTEXT) -> float:
-    """Bandwidth-model speedup of Kimi Linear over its all-MLA twin at B=1: (W + KV_twin)/(W + KV + 2S)."""
-    hybrid = KIMI_LINEAR_WEIGHT_BYTES + kv_bytes_per_token(KIMI_LINEAR) * context + 2 * state_bytes_fixed(KIMI_LINEAR).total
-    twin = KIMI_LINEAR_WEIGHT_BYTES + kv_bytes_per_token(KIMI_LINEAR.twin()) * context
-    return twin / hybrid
+    """Bandwidth-model speedup of Kimi Linear over its all-MLA twin at B=1 (§5b), bf16 weights:
+    (W + KV_twin) / (W + KV + 2S), W = the 6.2 GB of active weights one token reads."""
+    hybrid = serving_model(KIMI_LINEAR, "bf16")
+    twin = serving_model(KIMI_LINEAR, "bf16", kv_config=KIMI_LINEAR.twin())
+    return decode_step_time(twin, 1, context) / decode_step_time(hybrid, 1, context)
 
 
 def corrections() -> list[dict]:

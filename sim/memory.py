@@ -98,6 +98,14 @@ def mha_bytes_per_token(config: K3Config) -> int:
     return config.num_layers * per_layer
 
 
+def kv_reduction(config: K3Config, baseline: K3Config) -> float:
+    """KV saved per token by `config` against another model: 1 - kv(config) / kv(baseline).
+
+    K3 vs K2 (`k2` preset, 61 MLA layers): 1 - 27,648 / 70,272 = 60.7% (k3_facts.md §5a).
+    """
+    return 1.0 - kv_bytes_per_token(config) / kv_bytes_per_token(baseline)
+
+
 def hybrid_reduction(config: K3Config) -> float:
     """KV saved per token by the hybrid vs its all-MLA twin: 1 - L_full / L (K3: 1 - 24/93 = 74.2%)."""
     return 1.0 - len(config.mla_layers) / config.num_layers

@@ -1,4 +1,8 @@
-"""`python -m tiny_k3 [--preset NAME] [--prompt TEXT] [--tokens N]`: the model, its counts, a few tokens."""
+"""`python -m tiny_k3 [--preset NAME] [--prompt TEXT] [--tokens N]`: the model, its counts, a few tokens.
+
+`python -m tiny_k3 diff A B [--changed]`: what changed from preset A to preset B, part by part, with the
+parameter and cache-byte deltas (`diff k2 k3`, `diff kimi-linear-48b k3`: what K3 changed).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,38 @@ from .tokenizer import decode, encode
 from .weights import CheckpointError
 
 
+def diff_main(argv: list[str]) -> int:
+    """`python -m tiny_k3 diff A B`: a table of the parts of A and B with their deltas."""
+    from .lineage import diff
+
+    parser = argparse.ArgumentParser(prog="python -m tiny_k3 diff", description="What changed from preset A to B.")
+    parser.add_argument("a", help=f"one of: {', '.join(K3Config.presets())}")
+    parser.add_argument("b")
+    parser.add_argument("--changed", action="store_true", help="show only the parts that changed")
+    args = parser.parse_args(argv)
+    console = Console(width=max(Console().width, 160))
+    try:
+        a, b = K3Config.preset(args.a), K3Config.preset(args.b)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    table = Table(title=f"what changed from {a.name!r} to {b.name!r}")
+    for column in ("part", a.name, b.name, "delta"):
+        table.add_column(column, justify="right" if column == "delta" else "left", overflow="fold")
+    for d in diff(a, b):
+        if args.changed and not d.changed:
+            continue
+        unit = " B" if d.unit == "bytes" else ""
+        delta = f"{d.delta:+,}{unit}" if d.unit and d.delta else ("" if d.changed else "same")
+        table.add_row(d.part, d.before, d.after if d.changed else "=", delta)
+    console.print(table)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "diff":
+        return diff_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m tiny_k3", description=__doc__)
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(K3Config.presets())}")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)

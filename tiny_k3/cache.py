@@ -67,6 +67,7 @@ class ModelCache:
     def __init__(self, num_layers: int):
         self.layers: list[KDAState | MLACache | None] = [None] * num_layers
         self.position = 0  # tokens seen so far
+        self.key_mask: torch.Tensor | None = None  # [B, position] bool, False at left padding; None: no padding
 
     def kv_bytes(self) -> int:
         """Bytes of the growing caches (MLA layers)."""
@@ -86,6 +87,7 @@ class ModelCache:
         other = ModelCache(len(self.layers))
         other.layers = [None if c is None else c.clone() for c in self.layers]
         other.position = self.position
+        other.key_mask = None if self.key_mask is None else self.key_mask.clone()
         return other
 
     def __repr__(self) -> str:

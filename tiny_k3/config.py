@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 RESIDUALS = ("block", "full", "standard")
+MOE_KINDS = ("latent", "plain")      # K3's latent MoE, or DeepSeek-V3 / K2 / Kimi Linear's full-width MoE
+MLP_ACTS = ("situ", "swiglu")        # K3's soft-capped SiTU-GLU, or plain SwiGLU (K2, Kimi Linear)
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
@@ -51,16 +53,23 @@ class K3Config:
     kda_gate_rank: int = 32          # low-rank decay gate f_a: d -> rank, f_b: rank -> H*K
     kda_gate_lower_bound: float | None = -5.0  # K3: g = lb * sigmoid(...) in (-5, 0); None: -exp(A_log)*softplus
     kda_chunk_size: int = 64         # chunk length of the chunked (WY) form used in prefill
+    kda_output_gate_rank: int | None = None  # None: full-rank output gate g_proj (K3); r: g_b(g_a x), d -> r -> H*V
+                                             # (Kimi Linear: r = head_dim = 128, docs/lineage.md)
 
     # Gated MLA with NoPE (k3_facts.md §1c)
     mla_heads: int = 2
     q_lora_rank: int | None = 16     # None: a plain q projection
     kv_lora_rank: int = 16           # the compressed latent c that the cache keeps
     qk_nope_dim: int = 16
-    qk_rope_dim: int = 8             # shared key part; cached; not rotated (NoPE)
+    qk_rope_dim: int = 8             # shared key part; cached; not rotated (NoPE) unless mla_rope
     v_head_dim: int = 16
+    mla_output_gate: bool = True     # out = W_o(attn * sigmoid(W_g x)) (K3); False: W_o(attn) (K2, Kimi Linear)
+    mla_rope: bool = False           # True: rotate the qk_rope_dim channels of q and the shared key (K2, DeepSeek-V3)
+    rope_theta: float = 10000.0      # RoPE base, used only when mla_rope (K2: 50,000)
+    mla_norm_eps: float | None = None  # eps of the q/kv latent RMSNorms; None: rms_norm_eps (K3; Kimi Linear: 1e-6)
 
     # Latent MoE (k3_facts.md §1c, §2)
+    moe_kind: str = "latent"         # "latent" (K3) or "plain": experts at full width, no down/up/norm (K2)
     num_experts: int = 896
     top_k: int = 16
     moe_intermediate: int = 8        # hidden width of one routed expert
@@ -69,6 +78,7 @@ class K3Config:
     shared_intermediate: int = 16    # hidden width of each shared expert (run at full width)
     routed_scaling: float = 1.0      # K3: 1.0
     renormalize: bool = True
+    mlp_act: str = "situ"            # every GLU (dense, shared, routed): "situ" (K3) or "swiglu" (K2, Kimi Linear)
     situ_beta_gate: float = 4.0      # SiTU-GLU soft caps
     situ_beta_up: float = 25.0
     bias_update_rate: float = 1e-3   # gamma of the aux-loss-free selection-bias update
@@ -99,6 +109,11 @@ class K3Config:
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_dim + self.qk_rope_dim
+
+    @property
+    def mla_latent_eps(self) -> float:
+        """eps of MLA's q and kv latent RMSNorms (Kimi Linear's released code uses 1e-6 there, 1e-5 elsewhere)."""
+        return self.rms_norm_eps if self.mla_norm_eps is None else self.mla_norm_eps
 
     @property
     def mla_cache_width(self) -> int:
@@ -152,6 +167,15 @@ class K3Config:
         need(self.kda_gate_lower_bound is None or self.kda_gate_lower_bound < 0,
              f"kda_gate_lower_bound must be negative or None, got {self.kda_gate_lower_bound}.")
         need(self.rms_norm_eps > 0, f"rms_norm_eps must be positive, got {self.rms_norm_eps}.")
+        need(self.moe_kind in MOE_KINDS, f"moe_kind must be one of {', '.join(MOE_KINDS)}; got {self.moe_kind!r}.")
+        need(self.mlp_act in MLP_ACTS, f"mlp_act must be one of {', '.join(MLP_ACTS)}; got {self.mlp_act!r}.")
+        need(self.kda_output_gate_rank is None or self.kda_output_gate_rank >= 1,
+             f"kda_output_gate_rank must be None (full rank) or a positive integer, got {self.kda_output_gate_rank}.")
+        need(self.mla_norm_eps is None or self.mla_norm_eps > 0,
+             f"mla_norm_eps must be None (use rms_norm_eps) or positive, got {self.mla_norm_eps}.")
+        need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}.")
+        need(not self.mla_rope or (self.qk_rope_dim > 0 and self.qk_rope_dim % 2 == 0),
+             f"mla_rope rotates channel pairs, so qk_rope_dim must be a positive even number, got {self.qk_rope_dim}.")
 
     # ------------------------------------------------------------------ presets
     @staticmethod
@@ -175,7 +199,13 @@ class K3Config:
 
 DEFAULT_PRESET = "small"
 DEFAULT_PROMPT = "key=7; 3+4="   # the TUI's, the CLIs' and the lessons' prompt
-COUNTED_ONLY = frozenset({"k3"})  # full-size presets: built on the meta device to be counted, never run
+
+# K3's lineage in the same config language (docs/lineage.md): the documented exception to "every preset keeps
+# 56:1, K3's schedule, 2 shared experts, latent MoE, SiTU-GLU and Block AttnRes" -- each keeps its own family's
+# shape instead (Kimi Linear 32:1, K2 48:1; 1 shared expert, plain MoE, SwiGLU, the standard residual).
+LINEAGE_PRESETS = ("kimi-linear-48b", "kimi-linear-tiny", "k2", "k2-tiny")
+# Full-size presets: built on the meta device to be counted, never run (K3 and its lineage at full size).
+COUNTED_ONLY = frozenset({"k3", "kimi-linear-48b", "k2"})
 
 
 def _mini(experts: int, top_k: int) -> K3Config:
@@ -218,6 +248,47 @@ _PRESETS: dict[str, K3Config] = {
         mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
         num_experts=896, top_k=16, moe_intermediate=8, latent_dim=16, shared_intermediate=32,
         attnres_block_size=4,  # 3.2M parameters: the hybrid and its twin ship in bfloat16 in 12.6 MB
+    ),
+    # Kimi Linear 48B-A3B (arXiv:2510.26692; HF config.json and modeling_kimi.py, docs/lineage.md), meta only.
+    # Its MLA schedule 4, 8, ..., 24, 27 is K3's rule (every 4th layer and the last) on 27 layers.
+    "kimi-linear-48b": K3Config(
+        name="kimi-linear-48b", vocab_size=163840, hidden_size=2304, num_layers=27, dense_intermediate=9216,
+        max_seq_len=1_048_576, dtype="bfloat16", rms_norm_eps=1e-5, residual="standard",
+        layer_kinds=tuple("mla" if i + 1 in (4, 8, 12, 16, 20, 24, 27) else "kda" for i in range(27)),
+        kda_heads=32, kda_head_dim=128, kda_gate_rank=128, kda_gate_lower_bound=None, kda_output_gate_rank=128,
+        mla_heads=32, q_lora_rank=None, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128,
+        mla_output_gate=False, mla_norm_eps=1e-6,   # KimiRMSNorm(kv_lora_rank) keeps its default eps 1e-6
+        moe_kind="plain", mlp_act="swiglu", num_experts=256, top_k=8, moe_intermediate=1024,
+        num_shared_experts=1, shared_intermediate=1024, routed_scaling=2.446,
+    ),
+    # Kimi K2 (DeepSeek-V3's architecture at K2's values: HF config.json, docs/lineage.md), meta only.
+    "k2": K3Config(
+        name="k2", vocab_size=163840, hidden_size=7168, num_layers=61, dense_intermediate=18432,
+        max_seq_len=131072, dtype="bfloat16", rms_norm_eps=1e-6, residual="standard", layer_kinds=("mla",) * 61,
+        mla_heads=64, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128,
+        mla_output_gate=False, mla_rope=True, rope_theta=50000.0,  # (YaRN context extension not modelled)
+        moe_kind="plain", mlp_act="swiglu", num_experts=384, top_k=8, moe_intermediate=2048,
+        num_shared_experts=1, shared_intermediate=2048, routed_scaling=2.827,
+    ),
+    # Runnable Kimi Linear: its shape (KDA x3 + NoPE MLA without gate, low-rank output gate, unbounded decay
+    # gate, 32:1 plain MoE with 1 shared expert, SwiGLU, standard residual) at tiny widths.
+    "kimi-linear-tiny": K3Config(
+        name="kimi-linear-tiny", vocab_size=512, hidden_size=64, num_layers=8, dense_intermediate=256,
+        max_seq_len=2048, residual="standard",
+        kda_heads=2, kda_head_dim=32, kda_gate_rank=32, kda_gate_lower_bound=None, kda_output_gate_rank=32,
+        mla_heads=2, q_lora_rank=None, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
+        mla_output_gate=False, mla_norm_eps=1e-6,
+        moe_kind="plain", mlp_act="swiglu", num_experts=256, top_k=8, moe_intermediate=8,
+        num_shared_experts=1, shared_intermediate=8, routed_scaling=2.446,
+    ),
+    # Runnable K2: all layers MLA with RoPE and no gate, 48:1 plain MoE with 1 shared expert, SwiGLU.
+    "k2-tiny": K3Config(
+        name="k2-tiny", vocab_size=512, hidden_size=64, num_layers=8, dense_intermediate=160,
+        max_seq_len=2048, rms_norm_eps=1e-6, residual="standard", layer_kinds=("mla",) * 8,
+        mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
+        mla_output_gate=False, mla_rope=True, rope_theta=50000.0,
+        moe_kind="plain", mlp_act="swiglu", num_experts=384, top_k=8, moe_intermediate=8,
+        num_shared_experts=1, shared_intermediate=8, routed_scaling=2.827,
     ),
     # The tests' preset: one KDA,KDA,KDA,MLA cycle, 112 experts top-2 (still 56:1).
     "tiny": K3Config(

@@ -330,6 +330,8 @@ class KDALayer(nn.Module):
     q, k, v = SiLU(causal depthwise short conv(proj x)); q, k L2-normalised per head;
     g = kda_gate(f_b(f_a x)) (low-rank decay gate); beta = sigmoid(b_proj x);
     o = KDA(q, k, v, g, beta); y = o_proj(RMSNorm_head(o) * sigmoid(g_proj x)).
+    The output gate's g_proj is full rank in K3; Kimi Linear factors it as g_b_proj(g_a_proj x) of rank
+    `kda_output_gate_rank` (128), like the decay gate f_b(f_a x).
     """
 
     def __init__(self, config: K3Config, device=None, dtype=None):
@@ -354,7 +356,10 @@ class KDALayer(nn.Module):
         self.b_proj = nn.Linear(D, H, bias=False, **kw)                        # beta
         self.A_log = nn.Parameter(torch.empty(H, **kw))
         self.dt_bias = nn.Parameter(torch.empty(H * K, **kw))
-        self.g_proj = nn.Linear(D, H * K, bias=False, **kw)                    # output gate, full rank (K3)
+        low_rank = config.kda_output_gate_rank is not None  # output gate: full rank (K3) or low rank (Kimi Linear)
+        self.g_proj = None if low_rank else nn.Linear(D, H * K, bias=False, **kw)
+        self.g_a_proj = nn.Linear(D, config.kda_output_gate_rank, bias=False, **kw) if low_rank else None
+        self.g_b_proj = nn.Linear(config.kda_output_gate_rank, H * K, bias=False, **kw) if low_rank else None
         self.o_norm_weight = nn.Parameter(torch.ones(K, **kw))
         self.o_proj = nn.Linear(H * K, D, bias=False, **kw)
         self.reset_gate_parameters()
@@ -371,6 +376,10 @@ class KDALayer(nn.Module):
         lo, hi = math.log(1e-3), math.log(1e-1)
         dt = (torch.rand_like(self.dt_bias, dtype=torch.float32) * (hi - lo) + lo).exp().clamp_min(1e-4)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-sigmoid output gate [B, T, H*V]: g_proj x (K3, full rank) or g_b_proj(g_a_proj x) (Kimi Linear)."""
+        return self.g_proj(x) if self.g_proj is not None else self.g_b_proj(self.g_a_proj(x))
 
     def _short_conv(self, x: torch.Tensor, cache: KDAState | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal depthwise conv over time. x [B,T,C] pre-conv q|k|v -> (conv out [B,T,C], new tail [B,W-1,C]).
@@ -421,7 +430,7 @@ class KDALayer(nn.Module):
 
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         o = o.to(fp)
-        gate = self.g_proj(x).view(B, T, H, V).to(fp)
+        gate = self.output_gate(x).view(B, T, H, V).to(fp)
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm_weight.to(fp)
         o = o * torch.sigmoid(gate)
         y = self.o_proj(o.to(x.dtype).reshape(B, T, H * V))

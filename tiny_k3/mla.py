@@ -8,6 +8,10 @@
 
 Only c and k_r are cached: kv_lora_rank + qk_rope_dim values per token, for all heads together.
 That is why a K3 MLA layer costs 576 values per token instead of 96 * (192 + 128).
+
+K3's predecessors differ in two switches (docs/lineage.md): K2 / DeepSeek-V3 rotate q's rope part and k_r
+by position (`mla_rope`, RoPE on channel pairs, k_r cached already rotated) and have no output gate
+(`mla_output_gate=False`: out = W_o(attn)); Kimi Linear is NoPE like K3 but also has no gate.
 """
 
 from __future__ import annotations
@@ -21,6 +25,20 @@ from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
 
+def rope_angles(positions: torch.Tensor, dim: int, theta: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [..., dim/2] of RoPE (Su et al., arXiv:2104.09864): pair i turns by positions * theta^(-2i/dim)."""
+    inv_freq = theta ** -(torch.arange(0, dim, 2, device=positions.device, dtype=torch.float64) / dim)
+    angles = positions.to(torch.float64)[..., None] * inv_freq          # float64: exact for long positions
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (x[2i], x[2i+1]) by the angles: DeepSeek-V3's interleaved layout (its reference
+    `inference/model.py` treats each pair as one complex number). x [..., dim]; cos, sin broadcast to [..., dim/2]."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
 class GatedMLA(nn.Module):
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()
@@ -28,17 +46,19 @@ class GatedMLA(nn.Module):
         self.heads, self.nope, self.rope, self.v_dim = c.mla_heads, c.qk_nope_dim, c.qk_rope_dim, c.v_head_dim
         self.kv_rank = c.kv_lora_rank
         self.scale = c.qk_head_dim ** -0.5
+        self.use_rope, self.rope_theta = c.mla_rope, c.rope_theta
         kw = dict(device=device, dtype=dtype)
         q_width = c.mla_heads * c.qk_head_dim
         low_rank = c.q_lora_rank is not None  # q through a normalised low-rank bottleneck, or one projection
         self.q_proj = None if low_rank else nn.Linear(c.hidden_size, q_width, bias=False, **kw)
         self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False, **kw) if low_rank else None
-        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, **kw) if low_rank else None
+        self.q_norm = RMSNorm(c.q_lora_rank, c.mla_latent_eps, **kw) if low_rank else None
         self.q_b_proj = nn.Linear(c.q_lora_rank, q_width, bias=False, **kw) if low_rank else None
         self.kv_a_proj = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_dim, bias=False, **kw)
-        self.kv_norm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps, **kw)
+        self.kv_norm = RMSNorm(c.kv_lora_rank, c.mla_latent_eps, **kw)
         self.kv_b_proj = nn.Linear(c.kv_lora_rank, c.mla_heads * (c.qk_nope_dim + c.v_head_dim), bias=False, **kw)
-        self.g_proj = nn.Linear(c.hidden_size, c.mla_heads * c.v_head_dim, bias=False, **kw)
+        self.g_proj = (nn.Linear(c.hidden_size, c.mla_heads * c.v_head_dim, bias=False, **kw)
+                       if c.mla_output_gate else None)  # K3's gate; K2 and Kimi Linear have none
         self.o_proj = nn.Linear(c.mla_heads * c.v_head_dim, c.hidden_size, bias=False, **kw)
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,12 +67,25 @@ class GatedMLA(nn.Module):
         return q.view(*x.shape[:2], self.heads, self.nope + self.rope)
 
     def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder: Recorder = NO_RECORDER,
-                layer: int = 0) -> tuple[torch.Tensor, MLACache]:
-        """x [B, T, D] (already RMS-normed) -> (y [B, T, D], cache grown by T tokens)."""
+                layer: int = 0, positions: torch.Tensor | None = None,
+                key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, MLACache]:
+        """x [B, T, D] (already RMS-normed) -> (y [B, T, D], cache grown by T tokens).
+
+        positions [B, T] long: each token's position for RoPE (default: past + t); unused without `mla_rope`.
+        key_mask [B, past + T] bool: False marks padding tokens, which no query may attend to; None: all real.
+        """
         B, T, _ = x.shape
         latent, k_rope = self.kv_a_proj(x).split([self.kv_rank, self.rope], dim=-1)
         latent = self.kv_norm(latent)
         past = 0 if cache is None else cache.length
+        q = self.project_q(x)
+        if self.use_rope:  # rotate the new tokens' shared key before it is cached, and q's rope part
+            if positions is None:
+                positions = (past + torch.arange(T, device=x.device)).expand(B, T)
+            cos, sin = rope_angles(positions, self.rope, self.rope_theta, torch.promote_types(x.dtype, torch.float32))
+            k_rope = apply_rope(k_rope, cos, sin).to(x.dtype)
+            q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+            q = torch.cat([q_nope, apply_rope(q_rope, cos[:, :, None], sin[:, :, None]).to(q.dtype)], dim=-1)
         if cache is not None:
             latent = torch.cat([cache.latent, latent], dim=1)
             k_rope = torch.cat([cache.k_rope, k_rope], dim=1)
@@ -62,14 +95,17 @@ class GatedMLA(nn.Module):
         k_nope, v = self.kv_b_proj(latent).view(B, S, self.heads, self.nope + self.v_dim).split(
             [self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, self.heads, self.rope)], dim=-1)
-        q = self.project_q(x)
 
         scores = torch.einsum("bthd,bshd->bhts", q, k) * self.scale
         # Query t sits at absolute position past + t and may see keys 0 .. past + t.
         causal = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
+        if key_mask is not None:  # padding keys are hidden; a padding query still sees itself (no empty rows)
+            own = torch.arange(S, device=x.device)[None, :] == (past + torch.arange(T, device=x.device))[:, None]
+            causal = (causal & (key_mask[:, None, :].bool() | own))[:, None]                      # [B, 1, T, S]
         probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         attn = torch.einsum("bhts,bshd->bthd", probs, v)
-        gate = torch.sigmoid(self.g_proj(x)).view(B, T, self.heads, self.v_dim)
-        y = self.o_proj((attn * gate).reshape(B, T, self.heads * self.v_dim))
+        if self.g_proj is not None:  # K3's output gate
+            attn = attn * torch.sigmoid(self.g_proj(x)).view(B, T, self.heads, self.v_dim)
+        y = self.o_proj(attn.reshape(B, T, self.heads * self.v_dim))
         recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
         return y, MLACache(latent, k_rope)

@@ -8,6 +8,9 @@ With `residual="standard"` the sources collapse into the usual running sum x += 
 
 `model(tokens, cache)` continues from `cache`: a prompt at once (prefill) or one token at a time
 (decode) give the same logits, because KDA carries its state and MLA its latent cache.
+
+`model(tokens, attention_mask=mask)` runs prompts of different lengths as one batch, left-padded: each
+row's logits at its real tokens are the ones that prompt gets alone (see `TinyK3.forward`).
 """
 
 from __future__ import annotations
@@ -24,10 +27,23 @@ from .cache import ModelCache
 from .config import COUNTED_ONLY, ConfigError, K3Config
 from .kda import KDALayer
 from .mla import GatedMLA
-from .moe import GatedMLP, LatentMoE
+from .moe import GatedMLP, LatentMoE, PlainMoE
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 from .weights import CheckpointError, available_pretrained, config_for, load_pretrained
+
+
+class Padding(NamedTuple):
+    """Left padding of one forward call (B rows, T new tokens, S = past + T cached and new).
+
+    mask      [B, T] bool: True at real tokens of this call.
+    key_mask  [B, S] bool: True at every real token so far (what MLA may attend to; kept in the cache).
+    positions [B, T] long: each token's position counted over real tokens only (0 at a row's first real token).
+    """
+
+    mask: torch.Tensor
+    key_mask: torch.Tensor
+    positions: torch.Tensor
 
 
 class Block(nn.Module):
@@ -42,17 +58,28 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.attn = KDALayer(config, **kw) if self.kind == "kda" else GatedMLA(config, **kw)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        moe = PlainMoE if config.moe_kind == "plain" else LatentMoE
         self.mlp = (GatedMLP(config.hidden_size, config.dense_intermediate, config, **kw)
-                    if self.mlp_kind == "dense" else LatentMoE(config, **kw))
+                    if self.mlp_kind == "dense" else moe(config, **kw))
         depth = config.residual != "standard"  # the standard residual reads no depth weights
         self.attn_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw) if depth else None
         self.mlp_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw) if depth else None
 
-    def forward(self, stream: DepthStream, cache: ModelCache, recorder: Recorder = NO_RECORDER) -> None:
+    def forward(self, stream: DepthStream, cache: ModelCache, recorder: Recorder = NO_RECORDER,
+                padding: Padding | None = None) -> None:
         i = self.index
         h, weights = stream.read(self.attn_res)
         recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
-        out, cache.layers[i] = self.attn(self.attn_norm(h), cache.layers[i], recorder=recorder, layer=i)
+        x = self.attn_norm(h)
+        extra = {}
+        if padding is not None and self.kind == "kda":
+            # A zero input leaves a KDA layer exactly as it was: q, k, v and the conv inputs are 0, so the
+            # delta-rule write beta k (v - S'k)^T is 0; the decay only scales S, which is still all zeros
+            # before a left-padded row's first real token, and the conv tail stays zeros, as at the start.
+            x = torch.where(padding.mask[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
+        elif padding is not None:
+            extra = dict(positions=padding.positions, key_mask=padding.key_mask)
+        out, cache.layers[i] = self.attn(x, cache.layers[i], recorder=recorder, layer=i, **extra)
         recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
         stream.add(out)
 
@@ -79,6 +106,9 @@ def _init_weights(module: nn.Module, std: float) -> None:
 class TinyK3(nn.Module):
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()
+        if config.name in COUNTED_ONLY and torch.device(device or "cpu").type != "meta":
+            raise ValueError(f"preset {config.name!r} is counted on the meta device only (it has "
+                             f"{config.num_layers} layers at width {config.hidden_size}); pick a runnable preset.")
         self.config = config
         dtype = dtype or getattr(torch, config.dtype)
         kw = dict(device=device, dtype=dtype)
@@ -95,8 +125,16 @@ class TinyK3(nn.Module):
         return self.embed.weight.device
 
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None,
-                recorder: Recorder | None = None) -> tuple[torch.Tensor, ModelCache]:
-        """tokens [B, T] (long) -> (logits [B, T, vocab], the cache advanced by T tokens)."""
+                recorder: Recorder | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ModelCache]:
+        """tokens [B, T] (long) -> (logits [B, T, vocab], the cache advanced by T tokens).
+
+        attention_mask [B, T] (bool or 0/1): 0 marks padding, which must come first in each row (left
+        padding) and only before the row's first real token; later calls may pass all ones or None. Padding
+        changes no KDA state or conv tail, is invisible to MLA, and RoPE counts positions over real tokens.
+        Logits at padding positions are meaningless; padding still runs through the MLPs (each token on its own)
+        and counts in an MoE's `last_load`.
+        """
         cfg = self.config
         recorder = NO_RECORDER if recorder is None else recorder
         if tokens.dim() != 2 or tokens.shape[1] == 0:
@@ -108,20 +146,48 @@ class TinyK3(nn.Module):
             raise ValueError(f"sequence of {cache.position + tokens.shape[1]} tokens is longer than preset "
                              f"{cfg.name!r} allows ({cfg.max_seq_len} tokens).")
 
+        padding = self._padding(attention_mask, tokens, cache)
+
         x = self.embed(tokens)
         recorder.record("embed", -1, x=x.detach())
         stream = DepthStream(x, cfg.residual, cfg.attnres_block_size)
         for block in self.blocks:
-            block(stream, cache, recorder)
+            block(stream, cache, recorder, padding)
         h, weights = stream.read(self.out_res)
         recorder.record("depth", cfg.num_layers, site="out", weights=weights, h=h.detach())
         logits = self.lm_head(self.final_norm(h))
         recorder.record("logits", cfg.num_layers, logits=logits.detach())
         cache.position += tokens.shape[1]
+        if padding is not None:
+            cache.key_mask = padding.key_mask
         return logits, cache
 
+    @staticmethod
+    def _padding(attention_mask: torch.Tensor | None, tokens: torch.Tensor, cache: ModelCache) -> Padding | None:
+        """Check a left-padding mask against the tokens and the cache; None when nothing is or was padded."""
+        if attention_mask is None and cache.key_mask is None:
+            return None
+        if attention_mask is None:
+            attention_mask = torch.ones_like(tokens, dtype=torch.bool)
+        if tuple(attention_mask.shape) != tuple(tokens.shape):
+            raise ValueError(f"attention_mask must have the shape of tokens {list(tokens.shape)}, "
+                             f"got {list(attention_mask.shape)}.")
+        mask = attention_mask.to(device=tokens.device).bool()
+        past = (cache.key_mask if cache.key_mask is not None
+                else mask.new_ones(tokens.shape[0], cache.position))
+        if past.shape[0] != tokens.shape[0]:
+            raise ValueError(f"attention_mask has {tokens.shape[0]} rows but the cache holds {past.shape[0]}.")
+        key_mask = torch.cat([past, mask], 1)
+        if bool((key_mask[:, 1:] < key_mask[:, :-1]).any()):
+            raise ValueError("attention_mask must be left padding: in each row, zeros may only come before "
+                             "the row's first real token (1).")
+        if bool(mask.all()) and cache.key_mask is None:
+            return None
+        positions = (key_mask.long().cumsum(1) - 1).clamp_min(0)[:, -tokens.shape[1]:]
+        return Padding(mask, key_mask, positions)
+
     def moe_layers(self) -> list[LatentMoE]:
-        """The latent-MoE modules, in layer order (the training loop updates their selection bias)."""
+        """The MoE modules (latent or plain), in layer order (the training loop updates their selection bias)."""
         return [b.mlp for b in self.blocks if b.mlp_kind == "moe"]
 
     @classmethod

@@ -10,10 +10,14 @@ K3's MoE sublayer (k3_facts.md §1c, §2, §3b), for x [B, T, D]:
     out = W_up RMSNorm(y) + Shared(x)       norm after the full sum; shared experts at width D    [B, T, D]
 
 Only the k chosen experts of each token are computed (see `LatentMoE._experts`).
+
+`PlainMoE` is the MoE of DeepSeek-V3, K2 and Kimi Linear (`moe_kind="plain"`): the same router and experts
+with no latent: z = x, E_j: D -> m -> D, out = y + Shared(x) (docs/lineage.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -70,18 +74,36 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta_gate: float = 4.0, beta_
     return torch.tanh(gate / beta_gate) * torch.sigmoid(gate) * torch.tanh(up / beta_up) * (beta_gate * beta_up)
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU (Shazeer 2020, arXiv:2002.05202), the GLU of DeepSeek-V3, K2 and Kimi Linear: h = silu(g) * u.
+
+    silu(g) = g * sigmoid(g): unbounded, which is what SiTU-GLU's two soft caps change (docs/lineage.md).
+    """
+    return F.silu(gate) * up
+
+
+def glu(gate: torch.Tensor, up: torch.Tensor, config: K3Config) -> torch.Tensor:
+    """The gated activation `config.mlp_act` names: "situ" (K3's SiTU-GLU) or "swiglu" (K2, Kimi Linear)."""
+    if config.mlp_act == "swiglu":
+        return swiglu(gate, up)
+    return situ_glu(gate, up, config.situ_beta_gate, config.situ_beta_up)
+
+
 class GatedMLP(nn.Module):
-    """w2(situ_glu(w1 x, w3 x)): K3's dense first-layer MLP and its (fused) shared experts. x [..., d_in]."""
+    """w2(glu(w1 x, w3 x)): the dense first-layer MLP and the (fused) shared experts. x [..., d_in].
+
+    glu is `config.mlp_act`: SiTU-GLU for K3, SwiGLU for K2 and Kimi Linear.
+    """
 
     def __init__(self, d_in: int, d_hidden: int, config: K3Config, device=None, dtype=None):
         super().__init__()
-        self.beta_gate, self.beta_up = config.situ_beta_gate, config.situ_beta_up
+        self.config = config
         self.w1 = nn.Linear(d_in, d_hidden, bias=False, device=device, dtype=dtype)  # gate
         self.w3 = nn.Linear(d_in, d_hidden, bias=False, device=device, dtype=dtype)  # up
         self.w2 = nn.Linear(d_hidden, d_in, bias=False, device=device, dtype=dtype)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(situ_glu(self.w1(x), self.w3(x), self.beta_gate, self.beta_up))
+        return self.w2(glu(self.w1(x), self.w3(x), self.config))
 
 
 class Router(nn.Module):
@@ -195,7 +217,7 @@ class LatentMoE(nn.Module):
             w1 = self.w1.index_select(0, ids).view(n_tokens, -1, l)                 # [N, k*m, l]
             w3 = self.w3.index_select(0, ids).view(n_tokens, -1, l)
             rows = z.unsqueeze(-1)                                                  # [N, l, 1]
-            h = situ_glu(torch.bmm(w1, rows), torch.bmm(w3, rows), *self._betas)    # [N, k*m, 1]
+            h = self._glu(torch.bmm(w1, rows), torch.bmm(w3, rows))                # [N, k*m, 1]
             h = h.view(n_pairs, -1, 1) * weights.view(-1, 1, 1)                     # [P, m, 1]
             out = torch.bmm(self.w2.index_select(0, ids), h)                        # [P, l, 1]
             return out.view(n_tokens, k, l).sum(1)
@@ -214,23 +236,37 @@ class LatentMoE(nn.Module):
         token = order // k                                                           # [P] token of sorted pair
         buf = z.new_zeros(len(tile_expert) * cap, l).index_copy(0, slot, z.index_select(0, token))
         buf = buf.view(len(tile_expert), cap, l)                                     # [n_tiles, cap, l]
-        h = situ_glu(buf @ self.w1.index_select(0, tile_expert).transpose(1, 2),
-                     buf @ self.w3.index_select(0, tile_expert).transpose(1, 2), *self._betas)  # [n_tiles, cap, m]
+        h = self._glu(buf @ self.w1.index_select(0, tile_expert).transpose(1, 2),
+                      buf @ self.w3.index_select(0, tile_expert).transpose(1, 2))  # [n_tiles, cap, m]
         out = (h @ self.w2.index_select(0, tile_expert).transpose(1, 2)).view(-1, l)   # [n_tiles*cap, l]
         out = out.index_select(0, slot) * weights.index_select(0, order).unsqueeze(-1)  # [P, l] sorted
         return z.new_zeros(n_tokens, l).index_add(0, token, out)
 
-    @property
-    def _betas(self) -> tuple[float, float]:
-        return self.config.situ_beta_gate, self.config.situ_beta_up
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """The experts' gated activation, `config.mlp_act` (SiTU-GLU for K3)."""
+        return glu(gate, up, self.config)
 
     def dense_reference(self, x: torch.Tensor) -> torch.Tensor:
         """Test oracle: run ALL E experts on every token and mix with the routing weights (zeros elsewhere)."""
         routing = self.router(x)
         z = self.down(x)                                                            # [B, T, l]
-        h = situ_glu(torch.einsum("btl,eml->btem", z, self.w1), torch.einsum("btl,eml->btem", z, self.w3),
-                     *self._betas)                                                  # [B, T, E, m]
+        h = self._glu(torch.einsum("btl,eml->btem", z, self.w1),
+                      torch.einsum("btl,eml->btem", z, self.w3))                     # [B, T, E, m]
         every = torch.einsum("btem,elm->btel", h, self.w2)                          # [B, T, E, l]
         mix = torch.zeros(routing.scores.shape, dtype=z.dtype, device=z.device)
         mix = mix.scatter(-1, routing.expert_ids, routing.weights.to(z.dtype))       # [B, T, E]
         return self._combine(torch.einsum("bte,btel->btl", mix, every), x)
+
+
+class PlainMoE(LatentMoE):
+    """The MoE of DeepSeek-V3 / K2 / Kimi Linear: LatentMoE with the latent width equal to D and the
+    projections and norm taken out (z = x; out = sum_j w_j E_j(x) + Shared(x)), x [B, T, D] -> [B, T, D].
+
+    Built as the latent MoE with identities in place of `down`, `latent_norm` and `up`, so routing, the
+    sparse expert paths and `dense_reference` are shared code: what K3 added is exactly those three modules.
+    State-dict keys: router.weight, router.bias, w1, w3, w2 [E, m, D] / [E, D, m], shared.* (no down/up).
+    """
+
+    def __init__(self, config: K3Config, device=None, dtype=None):
+        super().__init__(dataclasses.replace(config, latent_dim=config.hidden_size), device=device, dtype=dtype)
+        self.down, self.latent_norm, self.up = nn.Identity(), nn.Identity(), nn.Identity()

@@ -65,6 +65,14 @@ def save_pretrained(model, path: str | Path, info: dict | None = None, dtype: to
     return path
 
 
+def stored_config(meta: dict) -> K3Config | None:
+    """The config a checkpoint's metadata names (fields added since it was written take their defaults)."""
+    try:
+        return K3Config(**json.loads(meta["config"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGHTS_DIR):
     """Build `model_cls(config)` for a preset and load its shipped weights, checking everything first."""
     from safetensors import SafetensorError
@@ -81,7 +89,7 @@ def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGH
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {path.name} is corrupt or unreadable ({type(exc).__name__}).") from None
-    if meta.get("config") != config_to_json(config):
+    if stored_config(meta) != config:
         raise CheckpointError(f"checkpoint {path.name} was trained for a different config than preset {preset!r}.")
 
     model = model_cls(config)
