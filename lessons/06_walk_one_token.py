@@ -316,3 +316,52 @@ try_exercise(check_num_sources, my_num_sources)
 # three of four attention layers, a growing latent cache in the fourth, 16 of 896 experts in every MoE
 # layer, and a head that turns it all into the next token. The simulator keeps every step so you can go
 # back, look again, and branch.
+
+# %% [markdown]
+# ## What K3 changed
+#
+# K3 grew out of two predecessors that the same config language can write down: **Kimi K2** (DeepSeek-V3's
+# architecture: every layer MLA with RoPE, a plain MoE at full width) and **Kimi Linear** (the KDA + MLA
+# hybrid K3 took its attention from). `tiny_k3.lineage.diff` compares two presets part by part, counted from
+# the real modules on the meta device; `python -m tiny_k3 diff k2 k3` prints the same (sources in
+# docs/lineage.md).
+
+# %%
+from tiny_k3 import K3Config
+from tiny_k3.lineage import diff
+
+
+def show_diff(predecessor: str, successor: str = "k3") -> dict:
+    """Print the parts that changed from `predecessor` to `successor`; return every row by part."""
+    rows = {row.part: row for row in diff(K3Config.preset(predecessor), K3Config.preset(successor))}
+    print(f"{predecessor} -> {successor}")
+    for row in rows.values():
+        if row.changed and row.part not in ("total parameters", "active per token"):
+            delta = f"  [{row.delta:+,}{' B' if row.unit == 'bytes' else ''}]" if row.unit and row.delta else ""
+            print(f"  {row.part:20s} {row.before}\n  {'':20s} -> {row.after}{delta}")
+    total, active = rows["total parameters"], rows["active per token"]
+    print(f"  parameters {total.size_before / 1e9:,.1f}B -> {total.size_after / 1e9:,.1f}B, active "
+          f"{active.size_before / 1e9:,.1f}B -> {active.size_after / 1e9:,.1f}B")
+    return rows
+
+
+k2_rows = show_diff("k2")
+
+# %%
+kimi_linear_rows = show_diff("kimi-linear-48b")
+
+# %%
+k2_config, k3_config = K3Config.preset("k2"), K3Config.preset("k3")
+kv, state = k2_rows["KV cache per token"], k2_rows["KDA state per sequence"]
+print(f"Against K2, K3 keeps a growing cache in {len(k3_config.mla_layers)} of {k3_config.num_layers} layers "
+      f"instead of all {k2_config.num_layers}: {1 - kv.size_after / kv.size_before:.1%} fewer KV bytes per token, "
+      f"for a fixed {state.size_after / 1e6:,.0f} MB of KDA state per sequence. Its experts read a "
+      f"{k3_config.latent_dim}-wide latent instead of the {k3_config.hidden_size}-wide stream, so each token can go "
+      f"to {k3_config.top_k} of {k3_config.num_experts} experts where K2 sent it to {k2_config.top_k} of "
+      f"{k2_config.num_experts}.")
+kimi_linear = K3Config.preset("kimi-linear-48b")
+changed = [row.part for row in kimi_linear_rows.values() if row.changed and row.unit != "bytes"
+           and row.part not in ("total parameters", "active per token")]
+print(f"Against Kimi Linear the hybrid recipe is the same, {len(kimi_linear.kda_layers)}:{len(kimi_linear.mla_layers)} "
+      f"KDA:MLA there and {len(k3_config.kda_layers)}:{len(k3_config.mla_layers)} here; what K3 changed is "
+      f"{', '.join(changed)}.")

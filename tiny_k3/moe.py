@@ -12,7 +12,7 @@ K3's MoE sublayer (k3_facts.md §1c, §2, §3b), for x [B, T, D]:
 Only the k chosen experts of each token are computed (see `LatentMoE._experts`).
 
 `PlainMoE` is the MoE of DeepSeek-V3, K2 and Kimi Linear (`moe_kind="plain"`): the same router and experts
-with no latent: z = x, E_j: D -> m -> D, out = y + Shared(x) (docs/lineage.md).
+with no latent: z = x, E_j: D -> m -> D, out = y + Shared(x) (docs/lineage.md §1).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta_gate: float = 4.0, beta_
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SwiGLU (Shazeer 2020, arXiv:2002.05202), the GLU of DeepSeek-V3, K2 and Kimi Linear: h = silu(g) * u.
 
-    silu(g) = g * sigmoid(g): unbounded, which is what SiTU-GLU's two soft caps change (docs/lineage.md).
+    silu(g) = g * sigmoid(g): unbounded, which is what SiTU-GLU's two soft caps change (docs/lineage.md §1; k3_facts.md §1c).
     """
     return F.silu(gate) * up
 
