@@ -249,6 +249,14 @@ _PRESETS: dict[str, K3Config] = {
         num_experts=896, top_k=16, moe_intermediate=8, latent_dim=16, shared_intermediate=32,
         attnres_block_size=4,  # 3.2M parameters: the hybrid and its twin ship in bfloat16 in 12.6 MB
     ),
+    # The tests' preset: one KDA,KDA,KDA,MLA cycle, 112 experts top-2 (still 56:1).
+    "tiny": K3Config(
+        name="tiny", vocab_size=512, hidden_size=32, num_layers=4, dense_intermediate=64,
+        max_seq_len=512, kda_heads=2, kda_head_dim=8, kda_gate_rank=8, kda_chunk_size=16,
+        mla_heads=2, q_lora_rank=16, kv_lora_rank=8, qk_nope_dim=8, qk_rope_dim=4, v_head_dim=8,
+        num_experts=112, top_k=2, moe_intermediate=8, latent_dim=16, shared_intermediate=16,
+        attnres_block_size=2,
+    ),
     # Kimi Linear 48B-A3B (arXiv:2510.26692; HF config.json and modeling_kimi.py, docs/lineage.md), meta only.
     # Its MLA schedule 4, 8, ..., 24, 27 is K3's rule (every 4th layer and the last) on 27 layers.
     "kimi-linear-48b": K3Config(
@@ -289,13 +297,5 @@ _PRESETS: dict[str, K3Config] = {
         mla_output_gate=False, mla_rope=True, rope_theta=50000.0,
         moe_kind="plain", mlp_act="swiglu", num_experts=384, top_k=8, moe_intermediate=8,
         num_shared_experts=1, shared_intermediate=8, routed_scaling=2.827,
-    ),
-    # The tests' preset: one KDA,KDA,KDA,MLA cycle, 112 experts top-2 (still 56:1).
-    "tiny": K3Config(
-        name="tiny", vocab_size=512, hidden_size=32, num_layers=4, dense_intermediate=64,
-        max_seq_len=512, kda_heads=2, kda_head_dim=8, kda_gate_rank=8, kda_chunk_size=16,
-        mla_heads=2, q_lora_rank=16, kv_lora_rank=8, qk_nope_dim=8, qk_rope_dim=4, v_head_dim=8,
-        num_experts=112, top_k=2, moe_intermediate=8, latent_dim=16, shared_intermediate=16,
-        attnres_block_size=2,
     ),
 }
