@@ -76,6 +76,10 @@ def run(args: argparse.Namespace, console: Console) -> None:
                   style="dim" if f.extra.get("prompt") else None)
     console.print(t)
     console.print(f"text: {sim.text!r}")
+    for f in sim.frames:
+        moment = sim.recall_moment(f.index)
+        if moment is not None:
+            console.print(recall_line(moment))
 
     f = sim.frame
     n = f.position + 1
@@ -86,6 +90,17 @@ def run(args: argparse.Namespace, console: Console) -> None:
                   f"KDA state (fixed) · all-MLA twin: {format_bytes(f.memory.twin_kv_bytes)} · measured "
                   f"{'equals' if agree else 'DIFFERS from'} sim.memory.cache_bytes")
     console.print(memory_bars(f, config))
+
+
+def recall_line(moment) -> str:
+    """One line on a recall query: what was asked, what the model said, the head that recalled, the movers."""
+    q, head = moment.query, moment.best_head
+    said = f"answers {moment.predicted!r} ({'right' if moment.predicted == q.value else 'wrong'})"
+    where = (f"KDA L{head.layer} head {head.head} reads back the write at position {head.written_at} "
+             f"(cos {head.cosine:.2f})" if head else "no KDA layer")
+    movers = ", ".join(f"{m.label} {m.margin:+.2f}" for m in moment.top_moves(3))
+    return (f"recall at position {q.position}: {q.key}= asks for {q.value!r}, the model {said}; {where}; "
+            f"the answer's margin over other digits {moment.margin:+.2f}, moved most by {movers}")
 
 
 def main(argv: list[str] | None = None, console: Console | None = None) -> int:

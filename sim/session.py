@@ -367,6 +367,15 @@ class Simulation:
                                   out_norm=0.0 if head is None else head.h_norm, top=top))
         return views
 
+    def recall_moment(self, i: int | None = None):
+        """sim.recall_moment.RecallMoment at frame i (default: the cursor), or None when its input is not the
+        "=" of a recall query ("| q="): which KDA head reads the value back, which sublayers moved the answer."""
+        from .recall_moment import recall_moment
+
+        i = self.cursor if i is None else self._index(i)
+        ids = [f.input_id for f in self._frames[:i + 1]]
+        return recall_moment(self.model, ids, i)
+
     def expert_load(self, layer: int, upto: int | None = None) -> np.ndarray:
         """[E] int64: how many tokens each expert of an MoE layer took, over the frames up to the cursor
         (or up to frame `upto`, inclusive)."""

@@ -1,7 +1,7 @@
 import pytest
 
 from tiny_k3 import ConfigError, K3Config
-from tiny_k3.config import LINEAGE_PRESETS, k3_schedule
+from tiny_k3.config import ALL_KDA_ABLATIONS, LINEAGE_PRESETS, k3_schedule
 
 
 def test_presets_exist_and_keep_the_56_to_1_ratio():
@@ -14,7 +14,7 @@ def test_presets_exist_and_keep_the_56_to_1_ratio():
             continue
         cfg = K3Config.preset(name)
         assert cfg.num_experts == 56 * cfg.top_k, name
-        assert cfg.layer_kinds[-1] == "mla", name
+        assert cfg.layer_kinds[-1] == "mla" or name in ALL_KDA_ABLATIONS, name
         assert cfg.num_shared_experts == 2, name
         assert cfg.residual == "block", name
 

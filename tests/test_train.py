@@ -11,9 +11,10 @@ from safetensors import safe_open
 
 from tiny_k3 import K3Config, TinyK3
 from tiny_k3.config import ConfigError
-from tiny_k3.corpus import CLASSES, RECALL_MARK, sample_corpus, token_class
+from tiny_k3.corpus import CLASSES, RECALL_MARK, answer_mask, sample_corpus, token_class
+from tiny_k3.data import Rows, Stage, curriculum_rows, pack_lines, stage_of
 from tiny_k3.tokenizer import BOS
-from tiny_k3.train import (EVAL_SEED, evaluate, heldout_rows, load_checkpoint, pack_lines, save_checkpoint,
+from tiny_k3.train import (EVAL_SEED, evaluate, heldout_rows, lm_loss, load_checkpoint, save_checkpoint,
                            shipped_state, train)
 from tiny_k3.weights import WEIGHTS_DIR, CheckpointError, config_for, load_pretrained, weights_path
 
@@ -35,9 +36,12 @@ def test_corpus_contains_every_part_and_is_true():
         if RECALL_MARK in line:
             seen.add("recall")
             define, ask = line.split(f" {RECALL_MARK} ")
-            values = dict(re.findall(r"(?:^| )([a-z]+)=(\d+);", define))
+            defined = re.findall(r"(?:^| )([a-z]+)=(\d+);", define)
+            values = dict(defined)
             queries = re.findall(r"([a-z]+)=(\d+);", ask)
             assert queries and all(values[k] == v for k, v in queries), line
+            # distinct single letters, single digits
+            assert len(values) == len(defined) and all(len(k) == 1 and len(v) == 1 for k, v in defined), line
         elif line[0].isdigit() or line.startswith("(") and "=" in line:
             seen.add("arithmetic")
             for eq in line.split(" "):
@@ -64,9 +68,61 @@ def test_token_classes():
     assert CLASSES[token_class(BOS)] == "other"
 
 
+def test_answer_mask_marks_sums_results_and_recalled_values_only():
+    text = "a=3; q=8; 2+5=7 | q=8; a=3;\n12+5=17 (1+2)*3=9\nthe cat."
+    marked = "".join(c for c, m in zip(text, answer_mask(text)) if m)
+    assert marked == "7" + "83" + "17" + "9"            # not the definitions a=3, q=8
+    assert len(answer_mask(text)) == len(text)
+
+
+def test_single_digit_sums_are_common():
+    sums = re.findall(r"(?:^| )(\d)\+(\d)=(\d+)", sample_corpus(50_000, 0))
+    assert len(sums) > 200 and all(int(a) + int(b) == int(c) for a, b, c in sums)
+
+
+def test_curriculum_stages_grow_the_filler():
+    first, second = curriculum_rows(10, seed=5, stages=(Stage(max_filler=0, batch=6), Stage(max_filler=200, batch=6)))
+    assert first.tokens.shape == second.tokens.shape == (30, 257)
+    def longest_gap(part: Rows) -> int:
+        gaps = []
+        for row in part.tokens:
+            for line in bytes(row[1:].tolist()).decode().split("\n")[1:-1]:        # whole lines only
+                if RECALL_MARK in line:
+                    define = re.match(r"^(?:[a-z]=\d; ?)+", line).group(0)
+                    gaps.append(line.index(RECALL_MARK) - len(define))
+        return max(gaps)
+    assert longest_gap(first) <= 2 and longest_gap(second) > 60
+    assert [stage_of(s, 10, 2) for s in (0, 4, 5, 9)] == [(0, 0), (0, 4), (1, 0), (1, 4)]
+    with pytest.raises(ValueError, match="past the 10 steps"):
+        stage_of(10, 10, 2)
+
+
+def test_pack_lines_weights_answers():
+    rows = pack_lines("a=3; | a=3;\n1+2=3 4+4=8\n" * 20, 30, answer_weight=10.0)
+    assert rows.weights.shape == rows.tokens.shape and (rows.weights[:, 0] == 0).all()
+    row, w = bytes(rows.tokens[0, 1:].tolist()).decode(), rows.weights[0, 1:]
+    assert row == "a=3; | a=3;\n1+2=3 4+4=8\na=3; |"
+    assert "".join(c for c, x in zip(row, w.tolist()) if x == 10.0) == "338"   # the recalled 3, then 3 and 8
+    assert set(w.tolist()) == {1.0, 10.0}
+
+
+def test_weighted_loss_is_the_weighted_mean_of_cross_entropies():
+    torch.manual_seed(0)
+    model = TinyK3(K3Config.preset("tiny"))
+    tokens = torch.randint(0, 256, (2, 9))
+    weights = torch.zeros(2, 9)
+    weights[1, 4] = 3.0                                   # only the prediction of tokens[1, 4] counts
+    logits, _ = model(tokens[:, :-1])
+    expected = torch.nn.functional.cross_entropy(logits[1, 3].float()[None], tokens[1, 4][None])
+    assert torch.allclose(lm_loss(model, Rows(tokens, weights)), expected, atol=1e-6)
+    plain = lm_loss(model, Rows(tokens, torch.ones(2, 9)))
+    assert torch.allclose(plain, torch.nn.functional.cross_entropy(logits.float().reshape(-1, 512),
+                                                                   tokens[:, 1:].reshape(-1)), atol=1e-6)
+
+
 def test_pack_lines_rows_start_at_line_starts():
     text = sample_corpus(10_000, 1)
-    rows = pack_lines(text, 64)
+    rows = pack_lines(text, 64).tokens
     assert rows.shape[1] == 65 and (rows[:, 0] == BOS).all()
     chunks = [bytes(row[1:].tolist()).decode() for row in rows[:40]]
     for before, chunk in zip([None] + chunks, chunks):
@@ -109,20 +165,22 @@ def test_training_is_reproducible_and_bias_update_can_be_switched_off():
 
 def test_bad_training_arguments():
     with pytest.raises(ValueError, match="reserved"):
-        train(K3Config.preset("tiny"), 1, EVAL_SEED, progress=False)
+        train(K3Config.preset("tiny"), 4, EVAL_SEED, progress=False)
     with pytest.raises(ValueError, match="longer than preset"):
-        train(K3Config.preset("tiny"), 1, 0, seq_len=4096, progress=False)
+        train(K3Config.preset("tiny"), 4, 0, seq_len=4096, progress=False)
+    with pytest.raises(ValueError, match="at least the 4 stages"):
+        train(K3Config.preset("tiny"), 3, 0, progress=False)
 
 
 def test_command_line_writes_checkpoint_and_record(tmp_path, capsys):
     from tiny_k3.train import main
 
-    argv = ["--preset", "tiny-twin", "--steps", "3", "--batch", "2", "--seq-len", "32", "--out", str(tmp_path)]
+    argv = ["--preset", "tiny-twin", "--steps", "4", "--batch", "2", "--seq-len", "32", "--out", str(tmp_path)]
     assert main(argv) == 0
     info = json.loads((tmp_path / "tiny-twin.json").read_text())
     assert info["command"] == "python -m tiny_k3.train " + " ".join(argv)
-    assert (info["seed"], info["steps"], info["tokens"]) == (0, 3, 3 * 2 * 32)
-    assert info["heldout_loss"] < info["heldout_loss_fresh"] and info["curve"]["eval_step"] == [3]
+    assert (info["seed"], info["steps"], info["tokens"]) == (0, 4, 4 * 2 * 32)
+    assert info["heldout_loss"] < info["heldout_loss_fresh"] and info["curve"]["eval_step"] == [4]
     assert load_checkpoint(tmp_path / "tiny-twin.safetensors").config == K3Config.preset("tiny").twin()
     assert main(["--preset", "nope"]) == 2 and "unknown preset" in capsys.readouterr().err
 
@@ -151,6 +209,17 @@ def test_save_load_round_trip(tmp_path):
     ablation = TinyK3(K3Config.preset("tiny").replace(residual="standard", name="tiny-standard"))
     back = load_checkpoint(save_checkpoint(ablation, tmp_path / "tiny-standard.safetensors", {}))
     assert back.config == ablation.config
+
+    # a checkpoint written before a config field was added still loads (the field takes its default)
+    from safetensors.torch import load_file, save_file
+    meta = json.loads(safe_open(str(path), framework="pt").metadata()["config"])
+    del meta["init_std"]
+    save_file(load_file(str(path)), str(path), metadata={"config": json.dumps(meta)})
+    assert torch.equal(load_pretrained(TinyK3, "tiny", directory=tmp_path)(tokens)[0], loaded(tokens)[0])
+    meta["hidden_size"] = 48
+    save_file(load_file(str(path)), str(path), metadata={"config": json.dumps(meta)})
+    with pytest.raises(CheckpointError, match="different config"):
+        load_pretrained(TinyK3, "tiny", directory=tmp_path)
 
     path.write_bytes(path.read_bytes()[:1000])            # truncated: one clear sentence, no traceback
     with pytest.raises(CheckpointError, match="corrupt"):

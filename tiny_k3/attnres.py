@@ -69,6 +69,15 @@ class DepthStream:
         self.partial: torch.Tensor | None = None
         self.in_block = 0
 
+    @staticmethod
+    def source_of(sublayer: int, mode: str, block_size: int) -> int:
+        """Index, among the sources a later read sees, of the source that sublayer (0-based, execution
+        order) was added to: its block sum b_{1 + sublayer // block_size} (or the partial sum while that
+        block is open, which sits at the same index); 0 for "standard", whose one source is the sum."""
+        if mode == "standard":
+            return 0
+        return 1 + sublayer // (1 if mode == "full" else block_size)
+
     def sources(self) -> list[torch.Tensor]:
         return self.blocks + ([self.partial] if self.partial is not None else [])
 

@@ -129,8 +129,15 @@ class K3Config:
         return 2 * self.num_layers
 
     def twin(self) -> "K3Config":
-        """The all-softmax twin: the same model with every attention layer as gated MLA."""
-        return dataclasses.replace(self, name=f"{self.name}-twin", layer_kinds=("mla",) * self.num_layers)
+        """The all-softmax twin: the same model with every attention layer as gated MLA.
+
+        Its MLA layers rotate their qk_rope_dim channels (mla_rope, as K2 and DeepSeek-V3 do): K3's MLA can
+        be NoPE because its KDA layers carry word order, and a model with no KDA layer has no other source
+        of it. The cache is the same either way (the rope channels are cached already), so every byte the
+        twin is compared on is unchanged.
+        """
+        return dataclasses.replace(self, name=f"{self.name}-twin", layer_kinds=("mla",) * self.num_layers,
+                                   mla_rope=True)
 
     def replace(self, **changes) -> "K3Config":
         return dataclasses.replace(self, **changes)
@@ -158,7 +165,7 @@ class K3Config:
              f"layer_kinds has {len(self.layer_kinds)} entries but num_layers is {self.num_layers}.")
         bad = sorted({k for k in self.layer_kinds if k not in ("kda", "mla")})
         need(not bad, f"layer_kinds may only contain 'kda' and 'mla', got {bad}.")
-        need(self.layer_kinds[-1] == "mla",
+        need(self.layer_kinds[-1] == "mla" or self.name in ALL_KDA_ABLATIONS,
              "the layer schedule must end with an MLA layer (K3's last layer is gated MLA).")
         need(0 <= self.first_k_dense <= self.num_layers,
              f"first_k_dense must be between 0 and num_layers ({self.num_layers}), got {self.first_k_dense}.")
@@ -196,6 +203,10 @@ class K3Config:
         base = _PRESETS[name]
         return dataclasses.replace(base, **overrides) if overrides else base
 
+
+# Presets allowed past the "ends in MLA" rule: the all-KDA ablation exists to show what a fixed-size
+# state forgets (recall vs number of pairs) when no layer keeps a cache that grows with the context.
+ALL_KDA_ABLATIONS = ("small-kda",)
 
 DEFAULT_PRESET = "small"
 DEFAULT_PROMPT = "key=7; 3+4="   # the TUI's, the CLIs' and the lessons' prompt
@@ -248,6 +259,14 @@ _PRESETS: dict[str, K3Config] = {
         mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
         num_experts=896, top_k=16, moe_intermediate=8, latent_dim=16, shared_intermediate=32,
         attnres_block_size=4,  # 3.2M parameters: the hybrid and its twin ship in bfloat16 in 12.6 MB
+    ),
+    # The all-KDA ablation of `small` (same widths, every attention layer KDA): see ALL_KDA_ABLATIONS.
+    "small-kda": K3Config(
+        name="small-kda", vocab_size=512, hidden_size=64, num_layers=8, dense_intermediate=256,
+        max_seq_len=2048, kda_heads=2, kda_head_dim=32, kda_gate_rank=32, layer_kinds=("kda",) * 8,
+        mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
+        num_experts=896, top_k=16, moe_intermediate=8, latent_dim=16, shared_intermediate=32,
+        attnres_block_size=4,
     ),
     # The tests' preset: one KDA,KDA,KDA,MLA cycle, 112 experts top-2 (still 56:1).
     "tiny": K3Config(

@@ -2,9 +2,10 @@
 
 One line = one exercise, all plain ASCII (one byte = one token):
 
-    arithmetic   37+45=82 9*7=63 (3+4)*2=14      digits and operators; the answer depends on both operands
-    recall       ka=41; key=7; mo=3; the red fox sees a box. 12+5=17 | key=7; ka=41;
-                 pairs, filler, then after "|" the values again: the state must hold them until then
+    arithmetic   3+4=7 8+5=13 | 37+45=82 9*7=63 (3+4)*2=14   digits and operators; the answer depends on both
+    recall       a=3; q=8; b=1; the red fox sees a box. 12+5=17 | q=8; a=3;
+                 1-26 pairs (distinct letters, single digits), filler, then after "|" some keys again:
+                 the state (or the KV cache) must hold the values until then
     brackets     ([a]{b(c)})                     closing the right bracket needs a stack of what is open
     words        the small cat sees a red box.   a small vocabulary and grammar
 
@@ -15,6 +16,7 @@ bracket, space (anything else is "other").
 from __future__ import annotations
 
 import random
+import re
 
 WORDS = {
     "det": ["the", "a", "my", "one"],
@@ -24,8 +26,10 @@ WORDS = {
 }
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 PARTS = ("arithmetic", "recall", "brackets", "words")
-PART_WEIGHTS = (0.3, 0.3, 0.15, 0.25)
+PART_WEIGHTS = (0.25, 0.45, 0.1, 0.2)
 RECALL_MARK = "|"           # after it, every `key=` is followed by the value given before it
+MAX_FILLER = 200            # longest filler (characters = tokens) between a recall line's definitions and queries
+_VALUE = re.compile(r"=(\d+)")
 
 CLASSES = ("digit", "operator", "letter", "bracket", "space", "other")
 _CLASS_OF = {**{c: "digit" for c in "0123456789"}, **{c: "operator" for c in "+-*/=<>"},
@@ -82,34 +86,47 @@ def filler(rng: random.Random, n_chars: int) -> str:
     return " ".join(out)
 
 
-def random_key(rng: random.Random) -> str:
-    return "key" if rng.random() < 0.1 else "".join(rng.choice(LETTERS) for _ in range(rng.randint(1, 3)))
+def recall_pairs(rng: random.Random, n: int) -> list[tuple[str, int]]:
+    """n distinct single-letter keys with single-digit values: [("q", 8), ("a", 3), ...] (n <= 26)."""
+    if not 1 <= n <= len(LETTERS):
+        raise ValueError(f"a recall line holds 1 to {len(LETTERS)} pairs (one per letter), got {n}.")
+    return [(key, rng.randint(0, 9)) for key in rng.sample(LETTERS, n)]
 
 
 def recall_line(rng: random.Random, pairs: list[tuple[str, int]], filler_chars: int,
                 queries: list[tuple[str, int]]) -> str:
-    """'ka=41; key=7; <filler> | key=7; ka=41;' -- the values after the mark repeat the ones before it."""
+    """'a=3; q=8; <filler> | q=8; a=3;' -- the values after the mark repeat the ones before it."""
     define = " ".join(f"{k}={v};" for k, v in pairs)
     ask = " ".join(f"{k}={v};" for k, v in queries)
     middle = f" {filler(rng, filler_chars)}" if filler_chars > 0 else ""
     return f"{define}{middle} {RECALL_MARK} {ask}"
 
 
-def recall_pairs(rng: random.Random, n: int) -> list[tuple[str, int]]:
-    keys: dict[str, int] = {}
-    while len(keys) < n:
-        keys.setdefault(random_key(rng), rng.randint(0, 99))
-    return list(keys.items())
+def sum_line(rng: random.Random) -> str:
+    """Single-digit sums, the arithmetic the default prompt and the lessons show: '3+4=7 8+5=13'."""
+    return " ".join(f"{a}+{b}={a + b}" for a, b in ((rng.randint(0, 9), rng.randint(0, 9))
+                                                      for _ in range(rng.randint(2, 6))))
 
 
-def sample_line(rng: random.Random) -> str:
-    part = rng.choices(PARTS, PART_WEIGHTS)[0]
+def sample_line(rng: random.Random, max_filler: int = MAX_FILLER, recall_share: float | None = None,
+                max_pairs: int = len(LETTERS)) -> str:
+    """One exercise; recall lines carry 0..max_filler characters of filler between definitions and queries
+    and 1..max_pairs pairs. recall_share overrides the share of recall lines (the rest keep their proportions)."""
+    weights = PART_WEIGHTS if recall_share is None else tuple(
+        recall_share if p == "recall" else w * (1 - recall_share) / (1 - PART_WEIGHTS[1])
+        for p, w in zip(PARTS, PART_WEIGHTS))
+    part = rng.choices(PARTS, weights)[0]
     if part == "arithmetic":
+        if rng.random() < 0.5:
+            return sum_line(rng)
         return " ".join(equation(rng) for _ in range(rng.randint(2, 6)))
     if part == "recall":
-        pairs = recall_pairs(rng, rng.randint(1, 4))
-        queries = rng.sample(pairs, rng.randint(1, len(pairs)))
-        return recall_line(rng, pairs, rng.choice((0, rng.randint(0, 60), rng.randint(0, 180))), queries)
+        # mostly a few pairs (what a state of 2 x 32 x 32 can hold), sometimes many (what only attention can)
+        n = rng.randint(1, min(6, max_pairs)) if rng.random() < 0.85 or max_pairs <= 6 else rng.randint(7, max_pairs)
+        pairs = recall_pairs(rng, n)
+        queries = rng.sample(pairs, rng.randint(1, min(len(pairs), 8)))
+        filler_chars = 0 if rng.random() < 0.15 else rng.randint(0, max_filler)
+        return recall_line(rng, pairs, filler_chars, queries)
     if part == "brackets":
         line = brackets(rng)
         while len(line) > 64:        # keep bracket lines about as long as the others
@@ -118,13 +135,33 @@ def sample_line(rng: random.Random) -> str:
     return " ".join(sentence(rng) for _ in range(rng.randint(1, 3)))
 
 
-def sample_corpus(n_chars: int, seed: int) -> str:
-    """Exactly n_chars of newline-separated exercises; the same seed gives the same text."""
+def answer_mask(text: str) -> bytearray:
+    """1 at every byte whose value follows from the line before it, else 0 (one entry per byte of text).
+
+    Answers are the digits after "=" in an equation (the byte before "=" is a digit or ")") and the
+    values of the queries after RECALL_MARK; a definition's value ("a=3" before the mark) is a free
+    choice, so it is not an answer. Training weights these bytes up (tiny_k3.train).
+    """
+    mask = bytearray(len(text))
+    offset = 0
+    for line in text.split("\n"):
+        mark = line.find(RECALL_MARK)
+        for m in _VALUE.finditer(line):
+            before = line[m.start() - 1] if m.start() else ""
+            if before.isdigit() or before == ")" or (mark != -1 and m.start() > mark):
+                mask[offset + m.start(1):offset + m.end(1)] = b"\x01" * (m.end(1) - m.start(1))
+        offset += len(line) + 1
+    return mask
+
+
+def sample_corpus(n_chars: int, seed: int, max_filler: int = MAX_FILLER, recall_share: float | None = None,
+                  max_pairs: int = len(LETTERS)) -> str:
+    """Exactly n_chars of newline-separated exercises; the same seed (and settings) gives the same text."""
     if n_chars < 0:
         raise ValueError(f"n_chars must be 0 or more, got {n_chars}.")
     rng = random.Random(seed)
     lines, size = [], 0
     while size < n_chars:
-        lines.append(sample_line(rng))
+        lines.append(sample_line(rng, max_filler, recall_share, max_pairs))
         size += len(lines[-1]) + 1
     return "\n".join(lines)[:n_chars]

@@ -111,9 +111,12 @@ def _max_safe_spread(dtype: torch.dtype) -> float:
     """The widest range of Γ (one key channel, one chunk) that the factored products can take.
 
     Factored, each factor is exp(±(Γ - ref)) with ref mid-range, so at most exp(spread / 2), about
-    exp(40) in float32. The kept (i <= r) products are true values exp(Γ_r - Γ_i) <= 1.
+    exp(20) in float32. The kept (i <= r) products are true values exp(Γ_r - Γ_i) <= 1.
     """
-    return math.log(torch.finfo(dtype).max) - 8.0
+    # Halved: the backward multiplies a factor by its partner once more (d/dΓ of x e^(Γ-ref) through the
+    # product with k e^(ref-Γ)), so both must fit together; the full log-range gave inf gradients (NaN
+    # after clipping) for decays of about -1 per token over 64-token chunks.
+    return (math.log(torch.finfo(dtype).max) - 8.0) / 2
 
 
 def _chunk_products(rows: tuple[torch.Tensor, ...], k: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
@@ -426,7 +429,8 @@ class KDALayer(nn.Module):
         extra = {} if T == 1 else {"chunk_size": self.chunk_size}
         o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
         recorder.record("kda", layer, prev_state=None if prev is None else prev.detach(),
-                        state=state.detach(), g=g.detach(), beta=beta.detach())
+                        state=state.detach(), g=g.detach(), beta=beta.detach(),
+                        q=q.detach(), k=k.detach(), v=v.detach())
 
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         o = o.to(fp)

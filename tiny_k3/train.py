@@ -1,12 +1,18 @@
 """Train a tiny K3 on the synthetic corpus; this is what makes the shipped checkpoints.
 
-    python -m tiny_k3.train --preset small --steps 2000 --seed 0 --threads 1 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-twin --steps 2000 --seed 0 --threads 1 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small --steps 900 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-twin --steps 900 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-kda --steps 900 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
 
-(the commands of the shipped checkpoints; about 25 minutes of one core each, so both fit 30 minutes on 2 cores).
-`<preset>-twin` is the all-softmax twin of a preset; --residual and --no-bias-update make ablations.
+(the commands of the shipped checkpoints: the same data, seed and schedule; about 32 CPU-minutes each, so the
+three run side by side in about 50 minutes on 2 cores). `<preset>-twin` is the all-softmax twin of a preset;
+--residual and --no-bias-update make ablations.
 
-One step: a batch of line-aligned windows (BOS + up to seq_len bytes), next-byte cross-entropy, AdamW with
+The data (tiny_k3.data) follow a curriculum: recall lines carry at most 24, 64, 128, then 200 characters of
+filler in the four quarters of the run, and the bytes a line determines (recalled values, sums' results) weigh
+10x in the loss. The log reports exact recall at 4 pairs and 64 characters of filler (tiny_k3.recall).
+
+One step: a batch of line-aligned windows (BOS + up to seq_len bytes), weighted next-byte cross-entropy, AdamW with
 warm-up and cosine decay, gradient clipping, then the aux-loss-free selection-bias update of every MoE router
 (DeepSeek-V3 §2.1.2, k3_facts.md §3b): b += gamma * sign(mean load - load), with the load of that very batch.
 The bias is a buffer, so the optimiser never sees it; it only decides which experts win.
@@ -19,6 +25,7 @@ The held-out loss in the JSON beside a checkpoint is measured on the weights exa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -31,88 +38,55 @@ import torch
 from torch.nn import functional as F
 
 from .config import ConfigError, K3Config
-from .corpus import sample_corpus
+from .corpus import MAX_FILLER
+from .data import Rows, Stage, corpus_rows, curriculum_rows, stage_of
 from .model import TinyK3
-from .tokenizer import BOS
-from .weights import config_for, save_pretrained, weights_path
+from .recall import make_probes, recall_accuracy
+from .weights import config_for, save_pretrained, stored_config, stored_state, weights_path
 
 EVAL_SEED = 999_983           # the held-out text; a training seed may not equal it
 EVAL_SEQUENCES = 32
+CURRICULUM = (                          # one stage per quarter of the run: easy recall first, then everything
+    Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=128, batch=24),
+    Stage(max_filler=64, recall_share=0.8, max_pairs=8, seq_len=128, batch=24),
+    Stage(max_filler=128, recall_share=0.6, seq_len=256, batch=12),
+    Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=256, batch=12),
+)
+ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
 
 
-def pack_lines(text: str, seq_len: int) -> torch.Tensor:
-    """Text -> [N, seq_len + 1] long: each row is BOS + seq_len bytes that start at the start of a line.
-
-    A row that cuts a line is followed by a row starting at that line's start (lines shorter than seq_len
-    are always seen whole); only the tail that cannot fill a row is dropped.
-    """
-    data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), (data == 10).nonzero().flatten() + 1])
-    rows, start = [], 0
-    while start + seq_len <= len(data):
-        end = start + seq_len
-        rows.append(torch.cat([torch.tensor([BOS]), data[start:end]]))
-        cut = starts[(starts > start) & (starts <= end)]       # line starts inside this row
-        start = int(cut[-1]) if len(cut) else end
-    if not rows:
-        raise ValueError(f"text of {len(data)} bytes is shorter than one row of seq_len={seq_len}.")
-    return torch.stack(rows)
-
-
-def corpus_rows(n_rows: int, seq_len: int, seed: int) -> torch.Tensor:
-    """At least n_rows packed rows of sample_corpus(seed) -> [n_rows, seq_len + 1]."""
-    n_chars = int(n_rows * seq_len * 1.3) + 4 * seq_len
-    while True:
-        rows = pack_lines(sample_corpus(n_chars, seed), seq_len)
-        if len(rows) >= n_rows:
-            return rows[:n_rows]
-        n_chars *= 2
-
-
-def lm_loss(model: TinyK3, rows: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of rows [B, T + 1]."""
-    logits, _ = model(rows[:, :-1])
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
+def lm_loss(model: TinyK3, rows: Rows) -> torch.Tensor:
+    """Weighted mean next-token cross-entropy of rows [B, T + 1] (weights 1 everywhere: plain nats/byte)."""
+    logits, _ = model(rows.tokens[:, :-1])
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), rows.tokens[:, 1:].reshape(-1), reduction="none")
+    w = rows.weights[:, 1:].reshape(-1)
+    return (ce * w).sum() / w.sum()
 
 
 @torch.no_grad()
-def evaluate(model: TinyK3, rows: torch.Tensor, batch: int = 8) -> float:
-    """Held-out loss (nats per byte) over rows [N, T + 1]."""
+def evaluate(model: TinyK3, rows: Rows, batch: int = 8) -> float:
+    """Held-out loss (nats per byte, unweighted) over rows [N, T + 1]."""
     was_training = model.training
     model.eval()
-    losses = [lm_loss(model, rows[i:i + batch]).item() * len(rows[i:i + batch]) for i in range(0, len(rows), batch)]
+    plain = lambda r: Rows(r.tokens, torch.ones_like(r.weights))  # noqa: E731
+    losses = [lm_loss(model, plain(rows[i:i + batch])).item() * len(rows[i:i + batch])
+              for i in range(0, len(rows), batch)]
     model.train(was_training)
     return sum(losses) / len(rows)
 
 
-def heldout_rows(seq_len: int, device=None) -> torch.Tensor:
+def heldout_rows(seq_len: int, device=None) -> Rows:
     return corpus_rows(EVAL_SEQUENCES, seq_len, EVAL_SEED).to(device)
 
 
 def shipped_state(model: TinyK3) -> dict[str, torch.Tensor]:
-    """The state dict as stored: matrices in bfloat16, vectors (and anything not floating) as they are."""
-    def store(t: torch.Tensor) -> torch.Tensor:
-        t = t.detach().cpu()
-        if not t.is_floating_point():
-            return t
-        return t.to(torch.bfloat16) if t.dim() >= 2 else t.float()
-    return {name: store(t) for name, t in model.state_dict().items()}
-
-
-class _Stored:
-    """What save_pretrained needs (.config, .state_dict()), holding the state dict in its stored dtypes.
-    (save_pretrained's own dtype= keeps only the router biases in float32; the shipped files keep every vector.)"""
-
-    def __init__(self, model: TinyK3):
-        self.config, self._state = model.config, shipped_state(model)
-
-    def state_dict(self):
-        return self._state
+    """The state dict exactly as a shipped checkpoint stores it (weights.stored_state, bfloat16 matrices)."""
+    return stored_state(model, torch.bfloat16)
 
 
 def save_checkpoint(model: TinyK3, path: str | Path, info: dict) -> Path:
-    """Write `path` (safetensors, via weights.save_pretrained) and `info` as JSON beside it."""
-    return save_pretrained(_Stored(model), path, info)
+    """Write `path` (safetensors: bfloat16 matrices, float32 vectors) and `info` as JSON beside it."""
+    return save_pretrained(model, path, info, dtype=torch.bfloat16)
 
 
 def load_checkpoint(path: str | Path, device=None) -> TinyK3:
@@ -122,7 +96,9 @@ def load_checkpoint(path: str | Path, device=None) -> TinyK3:
     from safetensors.torch import load_file
 
     with safe_open(str(path), framework="pt") as f:
-        config = K3Config(**json.loads(f.metadata()["config"]))
+        config = stored_config(f.metadata() or {})
+    if config is None:
+        raise ValueError(f"{path} holds no tiny-k3 config in its metadata.")
     model = TinyK3(config, device=device)
     model.load_state_dict(load_file(str(path)))
     return model
@@ -135,6 +111,7 @@ class TrainResult:
     train_loss: list[float] = field(default_factory=list)      # per step
     eval_steps: list[int] = field(default_factory=list)
     eval_loss: list[float] = field(default_factory=list)
+    eval_recall: list[float] = field(default_factory=list)     # exact recall, 4 pairs, 64 tokens of filler
     fresh_eval_loss: float = float("nan")
     tokens: int = 0
     seconds: float = 0.0        # wall time of the training steps
@@ -149,12 +126,23 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(config: K3Config, steps: int, seed: int = 0, *, batch: int = 8, seq_len: int = 256, lr: float = 3e-3,
+def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = None, seq_len: int | None = None,
+          lr: float = 2e-3,
           weight_decay: float = 0.1, clip: float = 1.0, warmup: int | None = None, bias_update: bool = True,
+          answer_weight: float = ANSWER_WEIGHT, curriculum: tuple[Stage, ...] = CURRICULUM,
           eval_every: int = 250, device=None, progress: bool = True, log=print) -> TrainResult:
-    """Train TinyK3(config) from seed for `steps` steps of `batch` rows of seq_len tokens."""
-    if steps < 1 or batch < 1 or seq_len < 2:
-        raise ValueError(f"steps and batch must be positive and seq_len at least 2, got {steps}, {batch}, {seq_len}.")
+    """Train TinyK3(config) from seed for `steps` steps.
+
+    The rows follow `curriculum` (data.Stage: the recall lines, the row length and batch of each stage) and
+    weight the answer bytes by `answer_weight` in the loss (data.py); `batch` / `seq_len`, when given,
+    replace every stage's (smoke runs, ablations).
+    """
+    curriculum = tuple(dataclasses.replace(st, batch=batch or st.batch, seq_len=seq_len or st.seq_len)
+                       for st in curriculum)
+    batch, seq_len = min(st.batch for st in curriculum), max(st.seq_len for st in curriculum)
+    if steps < len(curriculum) or batch < 1 or min(st.seq_len for st in curriculum) < 2:
+        raise ValueError(f"steps must be at least the {len(curriculum)} stages, batch positive and seq_len at least 2, "
+                         f"got {steps}, {batch}, {seq_len}.")
     if seed == EVAL_SEED:
         raise ValueError(f"seed {EVAL_SEED} is reserved for the held-out text; pick another seed.")
     if seq_len + 1 > config.max_seq_len:
@@ -162,8 +150,9 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int = 8, seq_le
                          f"({config.max_seq_len}).")
     torch.manual_seed(seed)
     model = TinyK3(config, device=device)
-    data = corpus_rows(steps * batch, seq_len, seed).to(model.device)
+    data = [rows.to(model.device) for rows in curriculum_rows(steps, seed, curriculum, answer_weight)]
     heldout = heldout_rows(seq_len, model.device)
+    probes = make_probes(24, pairs=4, filler_chars=64, seed=EVAL_SEED)
     warmup = min(100, steps // 10) if warmup is None else warmup
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -171,7 +160,8 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int = 8, seq_le
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     result = TrainResult(model, fresh_eval_loss=evaluate(model, heldout))
     log(f"{config.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {steps} steps of "
-        f"{batch}x{seq_len} tokens, held-out loss at init {result.fresh_eval_loss:.3f}")
+        f"{' then '.join(f'{st.batch}x{st.seq_len}' for st in curriculum)} tokens, held-out loss at init "
+        f"{result.fresh_eval_loss:.3f}")
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -183,7 +173,9 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int = 8, seq_le
         for step in range(steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup)
-            loss = lm_loss(model, data[step * batch:(step + 1) * batch])
+            stage, i = stage_of(step, steps, len(curriculum))
+            rows = data[stage][i * curriculum[stage].batch:(i + 1) * curriculum[stage].batch]
+            loss = lm_loss(model, rows)
             if not torch.isfinite(loss):
                 raise ValueError(f"the loss became {loss.item()} at step {step + 1}; try a smaller --lr.")
             opt.zero_grad(set_to_none=True)
@@ -195,15 +187,16 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int = 8, seq_le
                     moe.router.update_bias(moe.last_load)
             result.steps.append(step + 1)
             result.train_loss.append(loss.item())
-            result.tokens += batch * seq_len
+            result.tokens += rows.tokens[:, 1:].numel()
             result.seconds = time.perf_counter() - start
             result.cpu_seconds = time.process_time() - cpu_start
             bar.update(task, advance=1, loss=loss.item(), tps=result.tokens / result.seconds)
             if (step + 1) % eval_every == 0 or step + 1 == steps:
                 result.eval_steps.append(step + 1)
                 result.eval_loss.append(evaluate(model, heldout))
+                result.eval_recall.append(recall_accuracy(model, probes))
                 log(f"step {step + 1}/{steps}: train {sum(result.train_loss[-50:]) / len(result.train_loss[-50:]):.3f}"
-                    f"  held-out {result.eval_loss[-1]:.3f}  {result.tokens / result.seconds:,.0f} tok/s"
+                    f"  held-out {result.eval_loss[-1]:.3f}  recall {result.eval_recall[-1]:.0%}  {result.tokens / result.seconds:,.0f} tok/s"
                     f"  {result.seconds:.0f}s wall, {result.cpu_seconds:.0f}s CPU")
     return result
 
@@ -212,13 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m tiny_k3.train", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small", help="a preset name, or <preset>-twin for its all-softmax twin")
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs", help="directory for <name>.safetensors and <name>.json")
     parser.add_argument("--name", default=None, help="file name (default: the config name)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--batch", type=int, default=None, help="rows per step (default: each stage's)")
+    parser.add_argument("--seq-len", type=int, default=None, help="bytes per row (default: each stage's)")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--answer-weight", type=float, default=ANSWER_WEIGHT,
+                        help="loss weight of recalled values and sums' results")
     parser.add_argument("--residual", choices=("block", "full", "standard"), default=None,
                         help="override the preset's residual (an ablation, not a shipped preset)")
     parser.add_argument("--no-bias-update", action="store_true", help="ablation: never move the router bias")
@@ -241,29 +236,32 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
         console = Console()
         result = train(config, args.steps, args.seed, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                       bias_update=not args.no_bias_update, eval_every=args.eval_every, device=device,
+                       bias_update=not args.no_bias_update, answer_weight=args.answer_weight, eval_every=args.eval_every, device=device,
                        progress=console.is_terminal, log=lambda msg: print(msg, flush=True))
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     model = result.model
     model.load_state_dict(shipped_state(model))      # measure the weights exactly as they will be stored
-    heldout = evaluate(model, heldout_rows(args.seq_len, model.device))
+    eval_len = args.seq_len or CURRICULUM[-1].seq_len
+    heldout = evaluate(model, heldout_rows(eval_len, model.device))
     last = result.train_loss[-50:]
     info = {
         "name": args.name or config.name, "preset": args.preset,
         "command": "python -m tiny_k3.train " + " ".join(shlex.quote(a) for a in argv),
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
+        "answer_weight": args.answer_weight, "curriculum": [dataclasses.asdict(stage) for stage in CURRICULUM],
         "bias_update": not args.no_bias_update, "residual": config.residual, "tokens": result.tokens,
         "final_train_loss": round(sum(last) / len(last), 4), "heldout_loss": round(heldout, 4),
         "heldout_loss_fresh": round(result.fresh_eval_loss, 4), "heldout": f"sample_corpus seed {EVAL_SEED}, "
-        f"{EVAL_SEQUENCES} rows of {args.seq_len}", "wall_seconds": round(result.seconds, 1),
+        f"{EVAL_SEQUENCES} rows of {eval_len}", "wall_seconds": round(result.seconds, 1),
         "cpu_seconds": round(result.cpu_seconds, 1), "command_cpu_seconds": round(time.process_time(), 1),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(device),
         "stored_dtypes": "matrices bfloat16, vectors float32",
         "curve": {"step": result.steps[9::10], "train_loss": [round(sum(result.train_loss[i - 10:i]) / 10, 4)
                                                              for i in result.steps[9::10]],
-                  "eval_step": result.eval_steps, "eval_loss": [round(x, 4) for x in result.eval_loss]},
+                  "eval_step": result.eval_steps, "eval_loss": [round(x, 4) for x in result.eval_loss],
+                  "eval_recall_4pairs_64filler": [round(x, 4) for x in result.eval_recall]},
     }
     path = save_checkpoint(model, weights_path(info["name"], Path(args.out)), info)
     print(f"saved {path} ({path.stat().st_size / 1e6:.2f} MB): final train loss {info['final_train_loss']}, "

@@ -42,24 +42,31 @@ def config_to_json(config: K3Config) -> str:
     return json.dumps(dataclasses.asdict(config), sort_keys=True)
 
 
+def stored_state(model, dtype: torch.dtype | None = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The state dict as a checkpoint stores it: matrices in `dtype`, vectors (norms, depth queries, gates,
+    router biases) in float32, anything not floating as it is; dtype=None keeps every tensor as it is.
+
+    The vectors are a few kB, and a router bias moves in steps of gamma = 1e-3 that bfloat16 would round
+    away (flipping expert choices).
+    """
+    def store(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().contiguous().cpu()
+        if dtype is None or not t.is_floating_point():
+            return t
+        return t.to(dtype) if t.dim() >= 2 else t.float()
+    return {name: store(t) for name, t in model.state_dict().items()}
+
+
 def save_pretrained(model, path: str | Path, info: dict | None = None, dtype: torch.dtype | None = None) -> Path:
     """Write model weights (+ its config in the metadata) as safetensors, and `info` beside it as JSON.
 
-    `dtype` (e.g. torch.bfloat16) stores the learned weights narrower; the routers' selection biases stay
-    float32, since their steps of 1e-3 would vanish in bfloat16 and flip expert choices.
+    `dtype` (e.g. torch.bfloat16) stores the matrices narrower, as `stored_state` says.
     """
     from safetensors.torch import save_file
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-
-    def stored(name: str, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach().contiguous().cpu()
-        keep = dtype is None or not t.is_floating_point() or name.endswith("router.bias")
-        return t if keep else t.to(dtype)
-
-    tensors = {k: stored(k, v) for k, v in model.state_dict().items()}
-    save_file(tensors, str(path), metadata={"config": config_to_json(model.config)})
+    save_file(stored_state(model, dtype), str(path), metadata={"config": config_to_json(model.config)})
     if info is not None:
         path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
     return path
@@ -110,5 +117,5 @@ def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGH
     return model.to(device) if device is not None else model
 
 
-__all__ = ["CheckpointError", "ConfigError", "save_pretrained", "load_pretrained", "available_pretrained",
+__all__ = ["CheckpointError", "ConfigError", "save_pretrained", "stored_state", "stored_config", "load_pretrained", "available_pretrained",
            "weights_path", "config_for", "checkpoint_names"]

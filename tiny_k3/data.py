@@ -1,0 +1,99 @@
+"""Training data: the synthetic corpus packed into rows of tokens, with a loss weight per target byte.
+
+A row is BOS + seq_len bytes that start at the start of a line (tiny_k3.corpus): the model always sees
+a recall line from its definitions on. Beside each row of tokens comes a row of weights: 1 for most
+bytes, `answer_weight` for the bytes whose value the line determines (corpus.answer_mask) -- the recalled
+values and the results of sums -- so that the few bytes that test memory and arithmetic are not drowned
+by the many that test spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .corpus import MAX_FILLER, answer_mask, sample_corpus
+from .tokenizer import BOS
+
+
+@dataclass(frozen=True)
+class Rows:
+    tokens: torch.Tensor     # [N, seq_len + 1] long: BOS, then bytes
+    weights: torch.Tensor    # [N, seq_len + 1] float: the loss weight of predicting tokens[:, t] (0 at BOS)
+
+    def __getitem__(self, index: slice) -> "Rows":      # rows[i:j] slices both
+        return Rows(self.tokens[index], self.weights[index])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def to(self, device) -> "Rows":
+        return Rows(self.tokens.to(device), self.weights.to(device))
+
+
+def pack_lines(text: str, seq_len: int, answer_weight: float = 1.0) -> Rows:
+    """Text -> Rows of BOS + seq_len bytes, each starting at the start of a line.
+
+    A row that cuts a line is followed by a row starting at that line's start (lines shorter than seq_len
+    are always seen whole); only the tail that cannot fill a row is dropped.
+    """
+    data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+    answers = torch.frombuffer(answer_mask(text), dtype=torch.uint8).bool() if text else torch.zeros(0, dtype=torch.bool)
+    weight = torch.where(answers, torch.tensor(float(answer_weight)), torch.tensor(1.0))
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), (data == 10).nonzero().flatten() + 1])
+    tokens, weights, start = [], [], 0
+    while start + seq_len <= len(data):
+        end = start + seq_len
+        tokens.append(torch.cat([torch.tensor([BOS]), data[start:end]]))
+        weights.append(torch.cat([torch.zeros(1), weight[start:end]]))
+        cut = starts[(starts > start) & (starts <= end)]       # line starts inside this row
+        start = int(cut[-1]) if len(cut) else end
+    if not tokens:
+        raise ValueError(f"text of {len(data)} bytes is shorter than one row of seq_len={seq_len}.")
+    return Rows(torch.stack(tokens), torch.stack(weights))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the curriculum: what the recall lines look like while it lasts."""
+
+    max_filler: int = MAX_FILLER          # characters of filler between definitions and queries, at most
+    recall_share: float | None = None     # share of recall lines (None: the corpus's own mix)
+    max_pairs: int = 26                   # pairs per recall line, at most
+    seq_len: int = 256                    # bytes per row (after BOS)
+    batch: int = 12                       # rows per step
+
+
+def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), answer_weight: float = 1.0) -> Rows:
+    """At least n_rows packed rows of sample_corpus(seed, ...stage) -> Rows of [n_rows, seq_len + 1]."""
+    n_chars = int(n_rows * seq_len * 1.3) + 4 * seq_len
+    while True:
+        text = sample_corpus(n_chars, seed, stage.max_filler, stage.recall_share, stage.max_pairs)
+        rows = pack_lines(text, seq_len, answer_weight)
+        if len(rows) >= n_rows:
+            return rows[:n_rows]
+        n_chars *= 2
+
+
+def curriculum_rows(steps: int, seed: int, stages: tuple[Stage, ...], answer_weight: float = 1.0) -> list[Rows]:
+    """The rows of `steps` training steps in len(stages) equal parts, part i drawn as stages[i] says
+    (its own seq_len and batch): one Rows of [steps_i * batch_i, seq_len_i + 1] per stage.
+
+    Easy first: a delta-rule state (and an attention head) learns to bind a key to its value on many
+    short recall lines with few pairs, then keeps the binding over more filler and more pairs while the
+    rest of the corpus comes back.
+    """
+    sizes = [steps // len(stages) + (i < steps % len(stages)) for i in range(len(stages))]
+    return [corpus_rows(n * stage.batch, stage.seq_len, seed + 7919 * i, stage, answer_weight)
+            for i, (n, stage) in enumerate(zip(sizes, stages))]
+
+
+def stage_of(step: int, steps: int, n_stages: int) -> tuple[int, int]:
+    """(stage, step within it) of a 0-based step, for stages of steps // n_stages (+1 for the first ones)."""
+    sizes = [steps // n_stages + (i < steps % n_stages) for i in range(n_stages)]
+    for stage, size in enumerate(sizes):
+        if step < size:
+            return stage, step
+        step -= size
+    raise ValueError(f"step {step} is past the {steps} steps of the run.")

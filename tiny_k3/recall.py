@@ -1,0 +1,113 @@
+"""In-context recall, measured: lines "a=3; q=8; <filler> | q=8; a=3;" and whether the model returns the values.
+
+A probe is one such line. Every value after the mark is scored teacher-forced: the model reads the
+line up to "q=" and its argmax next byte must be the digit defined before the mark. Chance is 10 %
+(ten digits). Distance is the filler between the last definition and the mark, in tokens (= bytes).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .cache import KDAState, MLACache, ModelCache
+from .corpus import RECALL_MARK, filler, recall_line, recall_pairs
+from .tokenizer import encode
+
+# An edit of the decode cache made at the query (after the mark is read, before the first query token):
+# edit(cache, probe) -> None, changing cache.layers in place.
+CacheEdit = Callable[[ModelCache, "Probe"], None]
+
+
+@dataclass(frozen=True)
+class Probe:
+    tokens: torch.Tensor          # [T] long: BOS + the line
+    answer_at: tuple[int, ...]    # positions p whose next token tokens[p + 1] is a recalled value
+    define_end: int               # tokens[:define_end] are BOS and the definitions
+    query_start: int              # tokens[query_start] is the first token after the mark
+
+
+def make_probe(rng: random.Random, pairs: int, filler_chars: int) -> Probe:
+    """One recall line with `pairs` pairs, ~filler_chars of filler, then every key asked in a random order."""
+    defined = recall_pairs(rng, pairs)
+    asked = rng.sample(defined, len(defined))
+    line = recall_line(rng, defined, filler_chars, asked)
+    tokens = torch.tensor(encode(line))            # BOS first
+    mark = line.index(RECALL_MARK)
+    answers = tuple(1 + i for i in range(mark, len(line)) if line[i] == "=")   # line[i] is tokens[1 + i]
+    define_end = 1 + len(" ".join(f"{k}={v};" for k, v in defined))
+    return Probe(tokens, answers, define_end, 1 + mark + 1)
+
+
+def make_probes(n: int, pairs: int, filler_chars: int, seed: int) -> list[Probe]:
+    rng = random.Random(seed)
+    return [make_probe(rng, pairs, filler_chars) for _ in range(n)]
+
+
+@torch.no_grad()
+def probe_correct(logits: torch.Tensor, probe: Probe) -> torch.Tensor:
+    """logits [T, vocab] of a probe's tokens -> bool [number of answers]: argmax == the recalled digit."""
+    at = torch.tensor(probe.answer_at)
+    return logits[at].argmax(-1) == probe.tokens.to(logits.device)[at + 1]
+
+
+@torch.no_grad()
+def recall_accuracy(model, probes: list[Probe], **forward_kw) -> float:
+    """Fraction of recalled values that are the argmax, over all answers of all probes."""
+    was_training = model.training
+    model.eval()
+    hits = []
+    for probe in probes:
+        logits, _ = model(probe.tokens[None].to(model.device), **forward_kw)
+        hits.append(probe_correct(logits[0], probe))
+    model.train(was_training)
+    return torch.cat(hits).float().mean().item()
+
+
+@torch.no_grad()
+def edited_recall_accuracy(model, probes: list[Probe], edit: CacheEdit | None = None) -> float:
+    """recall_accuracy with the decode cache edited at the query: prefill up to the mark, edit, read on.
+
+    With edit=None this equals recall_accuracy (a prefill that is split gives the same logits).
+    """
+    was_training = model.training
+    model.eval()
+    hits = []
+    for probe in probes:
+        tokens = probe.tokens[None].to(model.device)
+        _, cache = model(tokens[:, :probe.query_start])
+        if edit is not None:
+            edit(cache, probe)
+        logits, _ = model(tokens[:, probe.query_start:], cache)
+        at = torch.tensor(probe.answer_at) - probe.query_start
+        hits.append(logits[0, at].argmax(-1) == tokens[0, at + probe.query_start + 1])
+    model.train(was_training)
+    return torch.cat(hits).float().mean().item()
+
+
+def hide_definitions_from_mla(cache: ModelCache, probe: Probe) -> None:
+    """Drop the definitions' rows from every MLA layer's latent cache (BOS stays).
+
+    With NoPE no position is encoded in a key, so dropping a row is exactly masking that position: the
+    MLA layers can no longer attend to the definitions; whatever the KDA states carried forward remains.
+    """
+    keep = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(probe.define_end, cache.position)])
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, MLACache):
+            cache.layers[i] = MLACache(layer.latent[:, keep], layer.k_rope[:, keep])
+
+
+def reset_kda_states(layers: set[int] | None = None) -> CacheEdit:
+    """An edit that zeroes the delta-rule state S and the conv tail of KDA layers (all, or those given)."""
+    def edit(cache: ModelCache, probe: Probe) -> None:
+        for i, layer in enumerate(cache.layers):
+            if isinstance(layer, KDAState) and (layers is None or i in layers):
+                cache.layers[i] = KDAState(torch.zeros_like(layer.state), torch.zeros_like(layer.conv))
+    return edit
+
+
+__all__ = ["Probe", "make_probe", "make_probes", "probe_correct", "recall_accuracy", "edited_recall_accuracy",
+           "hide_definitions_from_mla", "reset_kda_states", "filler"]
