@@ -14,10 +14,12 @@ from functools import lru_cache
 from typing import Callable
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
-from .memory import MIB_CONTEXT, cache_bytes, format_bytes, kv_bytes_per_token, state_bytes_fixed
+from .memory import MIB_CONTEXT, cache_bytes, format_bytes, kv_bytes_per_token, project_to_k3, state_bytes_fixed
 
 # ---------------------------------------------------------------------------- formats (k3_facts.md §4)
 
@@ -505,11 +507,6 @@ def kimi_linear_kv_only_limit(context: int = MIB_CONTEXT) -> float:
 
 def main_costs(console=None) -> None:
     """Print K3's serving figures and the §0 corrections (`python -m sim costs`)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from .memory import project_to_k3
-
     console = console or Console()
     k3 = K3Config.preset("k3")
     total, active = parameter_counts(k3)

@@ -9,7 +9,7 @@ and Block Attention Residuals.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 RESIDUALS = ("block", "full", "standard")
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}

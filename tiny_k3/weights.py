@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
 
 from .config import ConfigError, K3Config
 
@@ -48,8 +50,6 @@ def save_pretrained(model, path: str | Path, info: dict | None = None, dtype: to
     `dtype` (e.g. torch.bfloat16) stores the learned weights narrower; the routers' selection biases stay
     float32, since their steps of 1e-3 would vanish in bfloat16 and flip expert choices.
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -67,9 +67,6 @@ def save_pretrained(model, path: str | Path, info: dict | None = None, dtype: to
 
 def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGHTS_DIR):
     """Build `model_cls(config)` for a preset and load its shipped weights, checking everything first."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, safe_open
-
     config = config_for(preset)
     path = weights_path(preset, directory)
     if not path.exists():
