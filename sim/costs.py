@@ -73,6 +73,11 @@ def mxfp4_bytes(shape) -> int:
     return packed_bytes(shape, "mxfp4")
 
 
+def mxfp8_row_bytes(width: int) -> int:
+    """One activation row sent as MXFP8: 1 B per value + one E8M0 scale per MX_BLOCK values (§6b)."""
+    return width + -(-width // MX_BLOCK)
+
+
 @lru_cache(maxsize=32)
 def _parts(config: K3Config) -> dict[str, int]:
     parts = dict(parameter_breakdown(config))
@@ -344,11 +349,6 @@ def ep_traffic(d_route: int, top_k: int, ep: int = 1, moe_layers: int = 1) -> EP
 def ep_traffic_for(config: K3Config, ep: int = 64) -> EPTraffic:
     """A config's EP traffic: latent MoE dispatches in the latent width (K3: 3584, §1c)."""
     return ep_traffic(config.latent_dim, config.top_k, ep, len(config.moe_layers))
-
-
-def mxfp8_row_bytes(width: int) -> int:
-    """One activation row sent as MXFP8: 1 B per value + one E8M0 scale per MX_BLOCK values (§6b)."""
-    return width + -(-width // MX_BLOCK)
 
 
 def experts_per_rank(num_experts: int, ranks: int) -> int:

@@ -1,4 +1,5 @@
-"""A run's measured traffic beside the analytic figures: for its own preset and for the real K3 on 64 GPUs."""
+"""A run's measured traffic beside the analytic figures: for its own preset and for the real K3 on 64 GPUs
+(k3_facts.md §6b, computed in sim.costs)."""
 
 from __future__ import annotations
 
