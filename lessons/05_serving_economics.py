@@ -33,7 +33,7 @@ from checks import check_ep_bytes, check_mxfp4_bytes, check_release_bytes, hint 
 from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
 from sim.costs import (GPU_MEMORY, K3_PRICES, SCHEMES, api_price, corrections, decode_step_time,
                        expected_destinations, ep_traffic, ep_traffic_for, flops_per_token, k2_parameters,
-                       serving_model, tensor_bytes, weight_bytes)
+                       serving_model, packed_bytes, weight_bytes)
 from sim.memory import cache_bytes, format_bytes
 from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
@@ -58,7 +58,7 @@ for scheme, n in sizes.items():
     print(f"{scheme:13s} experts {experts:6s} rest {rest:5s} -> {format_bytes(n, 3)}")
 naive = total * 4 / 8
 k2_experts, k2_rest = k2_parameters()
-k2_thinking = tensor_bytes(k2_experts, "int4") + tensor_bytes(k2_rest, "bf16")
+k2_thinking = packed_bytes(k2_experts, "int4") + packed_bytes(k2_rest, "bf16")
 print(f"\nnaive 'every parameter at 4 bits': {format_bytes(naive, 3)}  <- the '1.4 TB' of the claim (2.8T x 4 bit)")
 print(f"K3 release (MXFP4 experts + BF16 rest): {format_bytes(sizes['k3-release'], 3)}  "
       "<- the reported 1.56 TB download (PC Watch via S13; colibri S7)")

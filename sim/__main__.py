@@ -19,6 +19,7 @@ from rich.table import Table
 
 from tiny_k3.config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 
+from .costs import main_costs
 from .memory import cache_bytes, format_bytes
 from .render import memory_bars
 from .session import WEIGHTS, Simulation
@@ -107,8 +108,6 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     console = console or Console()
     if argv[:1] == ["costs"]:
-        from .costs import main_costs
-
         main_costs(console)
         return 0
     if argv[:1] == ["measure"]:

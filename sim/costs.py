@@ -13,16 +13,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
 from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
-from .memory import MIB_CONTEXT, cache_bytes, format_bytes, kv_bytes_per_token, state_bytes_fixed
+from .memory import MIB_CONTEXT, cache_bytes, format_bytes, kv_bytes_per_token, project_to_k3, state_bytes_fixed
 
 # ---------------------------------------------------------------------------- formats (k3_facts.md §4)
 
 # Block formats: `block` values share one scale. MXFP4 (OCP MX): 32 E2M1 values (16 B) + one E8M0 scale
 # (1 B) = 17 B per 32 values = 4.25 bit. INT4 as in K2-Thinking: W4A16, group 32, one BF16 scale per
 # group = 18 B per 32 values = 4.5 bit (k3_facts.md §4).
-BLOCK_FORMATS = {"mxfp4": (32, 16, 1), "int4": (32, 16, 2)}  # name: (values per block, data B, scale B)
+MX_BLOCK = 32       # OCP MX: values sharing one 1-byte E8M0 scale (MXFP4 weights, MXFP8 dispatch)
+INT4_GROUP = 32     # K2-Thinking's INT4 quantisation group
+BLOCK_FORMATS = {"mxfp4": (MX_BLOCK, 16, 1), "int4": (INT4_GROUP, 16, 2)}  # name: (values per block, data B, scale B)
 ELEMENT_BYTES = {"bf16": 2, "fp8": 1}  # FP8 without block scales (DeepSeek's 128x128 fp32 scales add ~0.02%)
 
 # scheme: (format of the routed experts, format of everything else)
@@ -42,7 +48,7 @@ def _scheme(scheme: str) -> tuple[str, str]:
     return SCHEMES[scheme]
 
 
-def tensor_bytes(shape, fmt: str) -> int:
+def packed_bytes(shape, fmt: str) -> int:
     """Bytes of one tensor stored in `fmt`. shape: a tuple, or an int (a flat vector of that many values).
 
     Block formats pack each row (the last dimension) in blocks of 32, padding the last block of a row:
@@ -64,7 +70,12 @@ def tensor_bytes(shape, fmt: str) -> int:
 
 def mxfp4_bytes(shape) -> int:
     """MXFP4 bytes of a tensor: 17 B per block of 32 values along each row (k3_facts.md §4)."""
-    return tensor_bytes(shape, "mxfp4")
+    return packed_bytes(shape, "mxfp4")
+
+
+def mxfp8_row_bytes(width: int) -> int:
+    """One activation row sent as MXFP8: 1 B per value + one E8M0 scale per MX_BLOCK values (§6b)."""
+    return width + -(-width // MX_BLOCK)
 
 
 @lru_cache(maxsize=32)
@@ -88,7 +99,7 @@ def weight_bytes(config: K3Config, scheme: str) -> int:
     parts = _parts(config)
     routed = parts["routed_experts"]
     rest = sum(parts.values()) - routed
-    return tensor_bytes(routed, expert_fmt) + tensor_bytes(rest, rest_fmt)
+    return packed_bytes(routed, expert_fmt) + packed_bytes(rest, rest_fmt)
 
 
 def total_parameters(config: K3Config) -> int:
@@ -150,8 +161,8 @@ def serving_model(config: K3Config, scheme: str = "k3-release", kv_config: K3Con
     kv_cfg = kv_config or config
     return ServingModel(
         name=name or config.name, moe_layers=n_moe, num_experts=config.num_experts, top_k=config.top_k,
-        expert_bytes=tensor_bytes(per_expert, expert_fmt),
-        dense_bytes=tensor_bytes(non_expert - parts["embedding"], rest_fmt),
+        expert_bytes=packed_bytes(per_expert, expert_fmt),
+        dense_bytes=packed_bytes(non_expert - parts["embedding"], rest_fmt),
         kv_bytes_per_token=kv_bytes_per_token(kv_cfg), state_bytes=state_bytes_fixed(kv_cfg).total,
         weight_bytes=weight_bytes(config, scheme),
     )
@@ -321,7 +332,7 @@ def ep_traffic(d_route: int, top_k: int, ep: int = 1, moe_layers: int = 1) -> EP
         raise ValueError(f"d_route, top_k and ep must be at least 1 and moe_layers 0 or more; got "
                          f"{d_route}, {top_k}, {ep}, {moe_layers}.")
     return EPTraffic(d_route=d_route, top_k=top_k, ep=ep, moe_layers=moe_layers,
-                     dispatch=top_k * (d_route + -(-d_route // 32)), combine=top_k * d_route * 2,
+                     dispatch=top_k * mxfp8_row_bytes(d_route), combine=top_k * d_route * ELEMENT_BYTES["bf16"],
                      destinations=expected_destinations(ep, top_k), cross_gpu_fraction=1.0 - 1.0 / ep)
 
 
@@ -330,6 +341,63 @@ def ep_traffic_for(config: K3Config, ep: int = 64) -> EPTraffic:
     hidden width (K2: 7168)."""
     d_route = config.latent_dim if config.moe_kind == "latent" else config.hidden_size
     return ep_traffic(d_route, config.top_k, ep, len(config.moe_layers))
+
+
+def experts_per_rank(num_experts: int, ranks: int) -> int:
+    """E / N experts on each of `ranks` GPUs or processes; one clear error unless N divides E."""
+    if ranks < 1 or num_experts % ranks:
+        valid = [n for n in range(1, num_experts + 1) if num_experts % n == 0]
+        raise ValueError(f"{ranks} ranks do not divide the {num_experts} experts evenly; "
+                         f"use one of {', '.join(map(str, valid))} ranks.")
+    return num_experts // ranks
+
+
+def load_imbalance(num_experts: int, top_k: int, ep: int, batch: int, samples: int = 1 << 14,
+                   seed: int = 0) -> float:
+    """E[max/mean rank load] when `batch` tokens each pick `top_k` distinct experts uniformly (Monte-Carlo).
+
+    Rank load = (token, expert) pairs on it, experts dealt in blocks of E/EP. A token's k picks are drawn rank
+    by rank without replacement (rank g with probability = its experts not yet picked / all not yet picked),
+    which is exact and needs only [tokens, EP] arrays. About `samples` tokens in all (at least 8 batches).
+    K3 EP64 (k3_facts.md §6b): B=16 2.34, B=128 1.42, B=1024 1.15.
+    """
+    per = experts_per_rank(num_experts, ep)
+    rng, trials = np.random.default_rng(seed), max(8, samples // batch)
+    left = np.full((trials * batch, ep), per, dtype=np.int64)                              # experts not yet picked
+    for j in range(top_k):
+        u = (rng.random(len(left)) * (num_experts - j)).astype(np.int64)                  # uniform over the rest
+        pick = (left.cumsum(1) <= u[:, None]).sum(1)
+        left[np.arange(len(left)), pick] -= 1
+    load = (per - left).reshape(trials, batch, ep).sum(1)                                  # [trials, ep]
+    return float((load.max(1) / load.mean(1)).mean())
+
+
+def k3_ep_figures(ep: int = 64, batches: tuple[int, ...] = (16, 128, 1024), samples: int = 1 << 14) -> dict:
+    """The real K3 on `ep` GPUs, per token per MoE layer (k3_facts.md §6b), and the imbalance vs batch size.
+
+    Bytes are in the 3584-wide latent: dispatch FP8/MXFP8 (1 B + a 1-B scale per 32 values), combine BF16.
+    "per_copy" sends one copy per chosen expert (k = 16, the §6b table); "per_destination" one per distinct GPU
+    (what DeepEP-style kernels and sim.parallel do): expected EP(1 - (1 - 1/EP)^k) = 14.3 of 16 at EP64.
+    """
+    figures = _k3_ep_figures(ep, tuple(batches), samples)
+    return {**figures, "imbalance": dict(figures["imbalance"])}
+
+
+@lru_cache(maxsize=8)
+def _k3_ep_figures(ep: int, batches: tuple[int, ...], samples: int) -> dict:
+    k3 = K3Config.preset("k3")
+    t = ep_traffic_for(k3, ep)
+    dest = expected_destinations(ep, k3.top_k)
+    row_fp8, row_bf16 = mxfp8_row_bytes(k3.latent_dim), ELEMENT_BYTES["bf16"] * k3.latent_dim
+    return dict(
+        ep=ep, num_experts=k3.num_experts, top_k=k3.top_k, latent_dim=k3.latent_dim,
+        experts_per_gpu=experts_per_rank(k3.num_experts, ep),
+        moe_layers=t.moe_layers, destinations=dest, cross_gpu_fraction=t.cross_gpu_fraction,
+        dispatch_per_copy=t.dispatch, combine_per_copy=t.combine, per_token_step_per_copy=t.per_token,
+        dispatch_per_destination=dest * row_fp8, combine_per_destination=dest * row_bf16,
+        per_token_step_per_destination=dest * (row_fp8 + row_bf16) * t.moe_layers,
+        imbalance={b: load_imbalance(k3.num_experts, k3.top_k, ep, b, samples) for b in batches},
+    )
 
 
 # ---------------------------------------------------------------------------- corrections (§0)
@@ -384,7 +452,7 @@ def corrections() -> list[dict]:
                 "naive 2.8e12 x 4 bit (B)": 2.8e12 * 4 / 8,
                 "everything MXFP4, 4.25 bit (B)": weight_bytes(k3, "mxfp4"),
                 "K3 release: MXFP4 experts + BF16 rest (B)": release,
-                "K2-Thinking INT4 experts + BF16 rest (B)": tensor_bytes(k2_experts, "int4") + tensor_bytes(k2_rest, "bf16"),
+                "K2-Thinking INT4 experts + BF16 rest (B)": packed_bytes(k2_experts, "int4") + packed_bytes(k2_rest, "bf16"),
                 "594 GB on K3 params (bit/param)": 594e9 * 8 / total,
             },
             "sources": ["S7", "S13", "S15", "S35"],
@@ -426,11 +494,6 @@ def kimi_linear_kv_only_limit(context: int = MIB_CONTEXT) -> float:
 
 def main_costs(console=None) -> None:
     """Print K3's serving figures and the §0 corrections (`python -m sim costs`)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from .memory import project_to_k3
-
     console = console or Console()
     k3 = K3Config.preset("k3")
     total, active = parameter_counts(k3)

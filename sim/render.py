@@ -220,7 +220,7 @@ def expert_load_bars(load: np.ndarray, top: int = 16, width: int = 24) -> Group:
     for e in order:
         if load[e] == 0:
             break
-        t.add_row(f"#{int(e)}", Text(bar(load[e] / peak, width), style="rgb(255,196,40)"), str(int(load[e])))
+        t.add_row(f"#{int(e)}", Text(bar(load[e] / peak, width), style=_style(CHOSEN)), str(int(load[e])))
     return Group(head, t)
 
 
@@ -265,9 +265,9 @@ def decay_beta_bars(kda: KDARecord, head: int, width: int = 20) -> Table:
     t.add_column(style="bold")
     t.add_column()
     t.add_column(style="dim")
-    t.add_row("decay α", Text(sparkline(decay, 0.0, 1.0), style="rgb(80,220,120)"),
+    t.add_row("decay α", Text(sparkline(decay, 0.0, 1.0), style=_style(WEIGHT_HIGH)),
               f"per key channel, 0..1 · min {decay.min():.3f} mean {decay.mean():.3f} max {decay.max():.3f}")
-    t.add_row("beta β", Text(bar(beta, width), style="rgb(255,196,40)"), f"{beta:.3f}")
+    t.add_row("beta β", Text(bar(beta, width), style=_style(CHOSEN)), f"{beta:.3f}")
     t.add_row("‖S‖", f"{float(kda.state_norm[head]):.4f}",
               f"write ‖S - Diag(α) S_prev‖ {float(kda.correction_norm[head]):.4f}")
     return t
@@ -294,9 +294,9 @@ def memory_bars(frame: Frame, config: K3Config, width: int = 30) -> Table:
     for title, hybrid, twin in groups:
         top = max(hybrid, twin, 1)
         t.add_row(Text(title, style="bold"), "", "", "")
-        t.add_row("  hybrid (KDA + MLA)", Text(bar(hybrid / top, width), style="rgb(80,220,120)"),
+        t.add_row("  hybrid (KDA + MLA)", Text(bar(hybrid / top, width), style=_style(WEIGHT_HIGH)),
                   format_bytes(hybrid), "")
-        t.add_row("  all-MLA twin", Text(bar(twin / top, width), style="rgb(70,130,220)"),
+        t.add_row("  all-MLA twin", Text(bar(twin / top, width), style=_style(SCORE_HIGH)),
                   format_bytes(twin), _ratio(twin / hybrid) if hybrid else "")
     return t
 

@@ -159,7 +159,7 @@ def test_mxfp4_is_4_25_bits():
         assert costs.mxfp4_bytes(shape) * 8 == 4.25 * math.prod(shape)
     assert costs.mxfp4_bytes((1, 33)) == 2 * 17                    # a partial block still costs a whole one
     assert costs.mxfp4_bytes((4, 33)) == 4 * 2 * 17                # blocks never span rows
-    assert costs.tensor_bytes((32 * 9,), "int4") * 8 == 4.5 * 32 * 9
+    assert costs.packed_bytes((32 * 9,), "int4") * 8 == 4.5 * 32 * 9
 
 
 # ---------------------------------------------------------------------------- decode time (§5b)

@@ -267,3 +267,27 @@ def test_gated_mlp_shapes_and_formula():
     x = torch.randn(2, 3, 32)
     expected = situ_glu(x @ mlp.w1.weight.T, x @ mlp.w3.weight.T) @ mlp.w2.weight.T
     torch.testing.assert_close(mlp(x), expected)
+
+
+@pytest.mark.parametrize("path", [DECODE, PREFILL])
+def test_mix_experts_takes_any_pairs_to_rows(path):
+    """Pairs with an explicit row (some rows with several pairs, some with none) give the per-pair sum;
+    token-major pairs without rows are the same as rows p // k."""
+    moe = _moe("tiny")
+    moe.gather_max_elements = path
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randn(5, moe.config.latent_dim, dtype=torch.float64, generator=gen)
+    ids = torch.randint(0, moe.config.num_experts, (7,), generator=gen)
+    weights = torch.rand(7, dtype=torch.float64, generator=gen)
+    token = torch.tensor([0, 0, 0, 2, 2, 4, 0])                     # row 1 and row 3 get no pair at all
+    by_hand = torch.zeros_like(z)
+    for e, w, t in zip(ids.tolist(), weights, token.tolist()):
+        h = situ_glu(moe.w1[e] @ z[t], moe.w3[e] @ z[t])
+        by_hand[t] += w * (moe.w2[e] @ h)
+    torch.testing.assert_close(moe.mix_experts(z, ids, weights, token), by_hand, rtol=0, atol=1e-12)
+    assert torch.all(by_hand[[1, 3]] == 0) and by_hand[[0, 2, 4]].abs().min() > 0
+    pairs = ids[:4]                                                  # 2 rows x k=2, token-major
+    torch.testing.assert_close(moe.mix_experts(z[:2], pairs, weights[:4]),
+                               moe.mix_experts(z[:2], pairs, weights[:4], torch.tensor([0, 0, 1, 1])),
+                               rtol=0, atol=1e-12)
+    assert torch.equal(moe.mix_experts(z, ids[:0], weights[:0], token[:0]), torch.zeros_like(z))

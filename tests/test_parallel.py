@@ -1,4 +1,4 @@
-"""Expert parallelism over real torch.distributed processes (gloo on CPU): sim/parallel.py.
+"""Expert parallelism over real torch.distributed processes (gloo on CPU): the sim/parallel package.
 
 The ranks run in forked processes; one run per rank count is shared by the tests below (module fixtures).
 """
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sim import parallel as P
+from sim import costs
 from sim.costs import expected_destinations
 from tiny_k3 import K3Config, TraceRecorder
 
@@ -51,7 +52,7 @@ def test_traffic_counts_equal_what_the_routing_implies(run, reference):
     N, per = run.world_size, CFG.num_experts // run.world_size
     moe_layers = CFG.moe_layers
     assert len(run.traffic) == NEW_TOKENS * len(moe_layers) == len(reference["routing"])
-    chunks = P._chunks(len(SEQUENCES), N)
+    chunks = P.rank_sequences(len(SEQUENCES), N)
     row, meta = CFG.latent_dim * 8, 2 * CFG.top_k * 8                   # float64 latent row, float64 ids + weights
     for i, (traffic, ids) in enumerate(zip(run.traffic, reference["routing"])):
         assert (traffic.step, traffic.layer) == (i // len(moe_layers), moe_layers[i % len(moe_layers)])
@@ -90,7 +91,7 @@ def test_stats_and_comparison_are_plain_data(run):
 
 
 def test_k3_expert_parallel_figures():
-    k3 = P.k3_ep_figures(64)
+    k3 = costs.k3_ep_figures(64)
     assert k3["experts_per_gpu"] == 14 and k3["latent_dim"] == 3584 and k3["moe_layers"] == 92
     assert round(k3["destinations"], 1) == 14.3                                 # of 16 (k3_facts.md §6b)
     assert k3["dispatch_per_copy"] == 16 * (3584 + 112) == 59_136               # 59.1 KB: FP8 + one scale per 32
@@ -99,8 +100,8 @@ def test_k3_expert_parallel_figures():
     assert k3["dispatch_per_destination"] == pytest.approx(k3["destinations"] * 3696)
     for batch, expected in ((16, 2.34), (128, 1.42), (1024, 1.15)):            # Monte-Carlo figures of §6b
         assert k3["imbalance"][batch] == pytest.approx(expected, abs=0.05)
-    assert P.load_imbalance(896, 16, 64, 16, samples=1 << 12) > P.load_imbalance(896, 16, 64, 1024, samples=1 << 12)
-    assert P.load_imbalance(112, 2, 1, 8) == 1.0                                 # one rank: nothing to imbalance
+    assert costs.load_imbalance(896, 16, 64, 16, samples=1 << 12) > costs.load_imbalance(896, 16, 64, 1024, samples=1 << 12)
+    assert costs.load_imbalance(112, 2, 1, 8) == 1.0                                 # one rank: nothing to imbalance
 
 
 def test_ranks_must_divide_the_experts():

@@ -9,7 +9,7 @@ and Block Attention Residuals.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 RESIDUALS = ("block", "full", "standard")
 MOE_KINDS = ("latent", "plain")      # K3's latent MoE, or DeepSeek-V3 / K2 / Kimi Linear's full-width MoE

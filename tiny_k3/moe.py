@@ -9,7 +9,7 @@ K3's MoE sublayer (k3_facts.md §1c, §2, §3b), for x [B, T, D]:
     y = sum_j w_j E_j(z)                    E_j(z) = W2_j situ_glu(W1_j z, W3_j z), l -> m -> l   [B, T, l]
     out = W_up RMSNorm(y) + Shared(x)       norm after the full sum; shared experts at width D    [B, T, D]
 
-Only the k chosen experts of each token are computed (see `LatentMoE._experts`).
+Only the k chosen experts of each token are computed (see `LatentMoE.mix_experts`).
 
 `PlainMoE` is the MoE of DeepSeek-V3, K2 and Kimi Linear (`moe_kind="plain"`): the same router and experts
 with no latent: z = x, E_j: D -> m -> D, out = y + Shared(x) (docs/lineage.md §1).
@@ -188,30 +188,39 @@ class LatentMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]."""
+        routing = self.route_tokens(x, recorder, layer)
+        z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
+        y = self.mix_experts(z, routing.expert_ids.reshape(-1), routing.weights.reshape(-1).to(z.dtype))
+        return self.combine(y.reshape(*x.shape[:-1], -1), x)
+
+    def route_tokens(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0) -> Routing:
+        """Route x [B, T, D] and report it (the "moe" event); the ids are kept for `last_load`."""
         if x.shape[-1] != self.config.hidden_size:
             raise ValueError(f"LatentMoE expects inputs of width hidden_size={self.config.hidden_size}, "
                              f"got shape {list(x.shape)}.")
         routing = self.router(x)
-        ids = routing.expert_ids.reshape(-1)                        # [P], P = N*k pairs, token-major
-        self._last_ids = ids.detach()                               # counted lazily by `last_load`
+        self._last_ids = routing.expert_ids.reshape(-1).detach()   # counted lazily by `last_load`
         recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
                         expert_ids=routing.expert_ids.detach(), weights=routing.weights.detach())
-        z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
-        y = self._experts(z, ids, routing.weights.reshape(-1).to(z.dtype))
-        return self._combine(y.reshape(*x.shape[:-1], -1), x)
+        return routing
 
-    def _combine(self, y_latent: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def combine(self, y_latent: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The tail after the expert sum: W_up RMSNorm(y) + Shared(x). y_latent [..., l], x [..., D] -> [..., D]."""
         out = self.up(self.latent_norm(y_latent))   # RMSNorm after the full expert sum (§1c)
         return out if self.shared is None else out + self.shared(x)
 
-    def _experts(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """y[n] = sum_j w[n,j] E_{ids[n,j]}(z[n]), running only the chosen experts.
+    def mix_experts(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                    token: torch.Tensor | None = None) -> torch.Tensor:
+        """y[n] = sum over the pairs p of row n of w[p] E_{ids[p]}(z[n]), running only the chosen experts.
 
-        z [N, l]; ids, weights [P = N*k], token-major (pair p belongs to token p // k). Returns [N, l].
+        z [N, l]; ids (into this module's expert stacks), weights [P]; token [P] the row of z each pair
+        belongs to, or None for token-major pairs (pair p belongs to row p // k, k = P // N). Returns [N, l].
         """
         (n_tokens, l), n_pairs = z.shape, ids.numel()
+        if n_pairs == 0:
+            return z.new_zeros(n_tokens, l)
         k = n_pairs // n_tokens
-        if n_pairs * 3 * self.w1.shape[1] * l <= self.gather_max_elements:
+        if token is None and n_pairs * 3 * self.w1.shape[1] * l <= self.gather_max_elements:
             # Decode: copy each token's k experts side by side, so gate and up are one matrix-vector product
             # per token ([k*m, l] @ z); the down projection is one small product per pair, then the k-sum.
             w1 = self.w1.index_select(0, ids).view(n_tokens, -1, l)                 # [N, k*m, l]
@@ -233,7 +242,7 @@ class LatentMoE(nn.Module):
         rank = torch.arange(n_pairs, device=z.device) - (torch.cumsum(counts, 0) - counts)[sorted_ids]
         slot = ((torch.cumsum(tiles, 0) - tiles)[sorted_ids] + rank // cap) * cap + rank % cap  # row in buffer
         tile_expert = torch.repeat_interleave(torch.arange(len(counts), device=z.device), tiles)  # [n_tiles]
-        token = order // k                                                           # [P] token of sorted pair
+        token = order // k if token is None else token[order]                       # [P] row of each sorted pair
         buf = z.new_zeros(len(tile_expert) * cap, l).index_copy(0, slot, z.index_select(0, token))
         buf = buf.view(len(tile_expert), cap, l)                                     # [n_tiles, cap, l]
         h = self._glu(buf @ self.w1.index_select(0, tile_expert).transpose(1, 2),
@@ -255,7 +264,7 @@ class LatentMoE(nn.Module):
         every = torch.einsum("btem,elm->btel", h, self.w2)                          # [B, T, E, l]
         mix = torch.zeros(routing.scores.shape, dtype=z.dtype, device=z.device)
         mix = mix.scatter(-1, routing.expert_ids, routing.weights.to(z.dtype))       # [B, T, E]
-        return self._combine(torch.einsum("bte,btel->btl", mix, every), x)
+        return self.combine(torch.einsum("bte,btel->btl", mix, every), x)
 
 
 class PlainMoE(LatentMoE):

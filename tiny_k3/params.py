@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-
 from .config import K3Config
+from .model import TinyK3
 
 PARTS = ("routed_experts", "kda", "mla", "shared_experts", "latent_proj", "router", "dense_mlp",
          "embedding", "lm_head", "norms_attnres")
@@ -39,8 +39,6 @@ def _part_of(model, name: str) -> str:
 @lru_cache(maxsize=32)
 def parameter_breakdown(config: K3Config) -> dict[str, int]:
     """Parameters per part of the model, counted from a TinyK3 built on the meta device."""
-    from .model import TinyK3
-
     model = TinyK3(config, device="meta")
     parts = dict.fromkeys(PARTS, 0)
     for name, p in model.named_parameters():

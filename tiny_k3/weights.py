@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
 
 from .config import ConfigError, K3Config
 
@@ -62,8 +64,6 @@ def save_pretrained(model, path: str | Path, info: dict | None = None, dtype: to
 
     `dtype` (e.g. torch.bfloat16) stores the matrices narrower, as `stored_state` says.
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(stored_state(model, dtype), str(path), metadata={"config": config_to_json(model.config)})
@@ -82,9 +82,6 @@ def stored_config(meta: dict) -> K3Config | None:
 
 def load_pretrained(model_cls, preset: str, device=None, directory: Path = WEIGHTS_DIR):
     """Build `model_cls(config)` for a preset and load its shipped weights, checking everything first."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, safe_open
-
     config = config_for(preset)
     path = weights_path(preset, directory)
     if not path.exists():
