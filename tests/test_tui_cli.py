@@ -109,7 +109,7 @@ def test_serve_shows_the_first_screen_in_a_browser_then_stops():
                                "--", "--preset", "tiny", "--weights", "random"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        seen = asyncio.run(_first_screen(port, "Tokens", timeout=120))
+        seen = asyncio.run(_first_screen(port, "Tokens", timeout=600))   # generous: a loaded machine
         assert "Tokens" in seen
     finally:
         server.send_signal(signal.SIGINT)
