@@ -2,7 +2,8 @@
 """One entry point that sets itself up: `python3 dev.py run` (the TUI) or `python3 dev.py test`.
 
 On first use it creates .venv, installs torch==2.13.0 there when no torch is present (a bare
-`torch` requirement would fetch a multi-GB CUDA build), then the project with its dev extra.
+`torch` requirement would fetch a multi-GB CUDA build), then the project: `run` with only what the TUI
+needs, `serve` with textual-serve (the TUI in a browser, for a projector), the rest with the dev extra.
 
 The workshop kit (20 laptops, no network in the room, no GPU; lessons/INSTRUCTOR.md):
     python3 dev.py wheelhouse DIR [--platform windows-x86_64] [--python 3.11] [--dry-run]
@@ -33,19 +34,43 @@ def _fingerprint() -> str:
     return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
 
 
-def ensure_env() -> None:
-    if STAMP.exists() and STAMP.read_text() == _fingerprint() and PYTHON.exists():
+def ensure_env(extras: tuple[str, ...] = ("dev",)) -> None:
+    """Set up .venv with the project and `extras` on first use, saying at each step what it does.
+
+    `run` asks for no extra (only what the TUI needs: numpy, rich, textual, safetensors, torch), `serve` for
+    "serve" (textual-serve), the rest for "dev". The stamp records the pyproject.toml it installed and the
+    extras, so a later command installs only what it adds. pip's own progress is shown, not hidden.
+    """
+    stamp = STAMP.read_text().split() if STAMP.exists() else []
+    current = stamp[:1] == [_fingerprint()] and PYTHON.exists()
+    installed = set(stamp[1:]) if current else set()
+    if current and set(extras) <= installed:
         return
     if not PYTHON.exists():
-        print("[dev.py] creating .venv ...", flush=True)
+        print("[dev.py] step 1/3: creating .venv ...", flush=True)
         venv.create(VENV, with_pip=True)
-    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on"]
     if subprocess.run([str(PYTHON), "-c", "import torch"], capture_output=True).returncode != 0:
-        print(f"[dev.py] installing {TORCH} (CPU) ...", flush=True)
+        print(f"[dev.py] step 2/3: installing {TORCH} (CPU; the largest download, a few minutes) ...", flush=True)
         subprocess.run(pip + [TORCH], check=True)
-    print("[dev.py] installing tiny-k3 with its dev extra ...", flush=True)
-    subprocess.run(pip + ["-e", f"{ROOT}[dev]"], check=True)
-    STAMP.write_text(_fingerprint())
+    wanted = sorted(installed | set(extras))
+    target = f"{ROOT}[{','.join(wanted)}]" if wanted else str(ROOT)
+    what = f"with its {', '.join(wanted)} extra{'s' * (len(wanted) > 1)}" if wanted else "(the TUI's needs only)"
+    print(f"[dev.py] step 3/3: installing tiny-k3 {what} ...", flush=True)
+    subprocess.run(pip + ["-e", target], check=True)
+    STAMP.write_text(" ".join([_fingerprint(), *wanted]))
+
+
+def serve(rest: list[str]) -> int:
+    """`python3 dev.py serve [--host H] [--port P] [-- TUI options]`: the TUI in a browser (textual-serve)."""
+    ensure_env(("serve",))
+    return subprocess.run([str(PYTHON), "-m", "tui_app.serve", *rest], cwd=ROOT).returncode
+
+
+def run_tui(rest: list[str]) -> int:
+    """`python3 dev.py run [TUI options]`: installs only what the TUI needs, then starts it."""
+    ensure_env(())
+    return subprocess.run([str(PYTHON), "tui.py", *rest], cwd=ROOT).returncode
 
 
 # ---------------------------------------------------------------------------- workshop kit (offline set-up)
@@ -219,16 +244,19 @@ def bundle(argv: list[str]) -> int:
 
 
 KIT_COMMANDS = {"wheelhouse": wheelhouse, "bundle": bundle}
+TUI_COMMANDS = {"run": run_tui, "serve": serve}
 
 
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("run", [])
     if command in KIT_COMMANDS:
         return KIT_COMMANDS[command](rest)
+    if command in TUI_COMMANDS:
+        return TUI_COMMANDS[command](rest)
     if command == "setup" and any(a == "--offline" or a.startswith("--offline=") for a in rest):
         return setup_offline(rest)
-    if command not in ("run", "test", "setup", "sim", "bench"):
-        print(f"unknown command {command!r}; use one of: run, test, setup, sim, bench, "
+    if command not in ("test", "setup", "sim", "bench"):
+        print(f"unknown command {command!r}; use one of: {', '.join(TUI_COMMANDS)}, test, setup, sim, bench, "
               f"{', '.join(KIT_COMMANDS)}.", file=sys.stderr)
         return 2
     ensure_env()
@@ -241,8 +269,6 @@ def main(argv: list[str]) -> int:
     if command == "bench":
         codes = [subprocess.run([str(PYTHON), str(p)], cwd=ROOT).returncode for p in sorted((ROOT / "bench").glob("bench_*.py"))]
         return max(codes, default=0)
-    main_job = ["tui.py"] if (ROOT / "tui.py").exists() else ["-m", "tiny_k3"]
-    return subprocess.run([str(PYTHON), *main_job, *rest], cwd=ROOT).returncode
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def save(sim: Simulation, path, cursor: int | None = None) -> Path:
     The file appears whole or not at all (written beside it, then renamed), so quitting mid-save loses nothing.
     """
     path = Path(path)
-    frames = sim.frames
+    frames = list(sim.frames)          # a snapshot: a worker may be appending to the live list meanwhile
     cursor = sim.cursor if cursor is None else cursor
     if not isinstance(cursor, (int, np.integer)) or not 0 <= cursor < len(frames):
         raise ValueError(f"cursor must be a frame number from 0 to {len(frames) - 1}, got {cursor!r}.")

@@ -1,58 +1,30 @@
 """The TUI, driven headless with Pilot: what a learner sees after each key (numbers and labels), the
-small-terminal message, the bad-prompt path, and three fixed-size snapshots (tiny preset, seed 0)."""
+compact, full and too-small layouts, loading (progress, cancel, quit), saving, and fixed-size snapshots
+(tiny preset, random init, seed 0)."""
 
-import asyncio
-import io
+import dataclasses
+import threading
 import time
 
 import numpy as np
-from rich.console import Console
 
+import sim as sim_pkg
+from sim.memory import cache_bytes, format_bytes
+from tiny_k3.tokenizer import token_text
+from tiny_k3.weights import CheckpointError
+from tui import TinyK3App
+from tui_app import FULL_HEIGHT, FULL_WIDTH, MIN_HEIGHT, MIN_WIDTH
+from tui_app.commands import K3Commands
 from sim import Simulation
-from sim.memory import format_bytes
-from tui import MIN_HEIGHT, MIN_WIDTH, HelpScreen, PresetScreen, PromptScreen, TinyK3App, main
-from tui_widgets import Timeline
+from tiny_k3.config import DEFAULT_PROMPT, K3Config
+from tiny_k3.tokenizer import encode
+from tui_app.driver import Driver
+from tui_app.panels import View, crossover_tokens, memory_table, routing_headline
+from tui_app.screens import HelpScreen, PresetScreen, PromptScreen
+from tui_pilot import PROMPT, make_app, screen_text, settle, sync, wait_until
 
 SIZE = (160, 48)
-PROMPT = "k=7;"          # BOS + 4 bytes: 5 prompt frames, the cursor starts on frame 4
-
-
-def screen_text(app) -> str:
-    """The screen as plain text, exactly what the compositor would paint."""
-    w, h = app.size
-    console = Console(width=w, height=h, file=io.StringIO(), record=True, force_terminal=True,
-                      color_system="truecolor", legacy_windows=False)
-    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
-    return console.export_text()
-
-
-async def settle(pilot, timeout: float = 120.0) -> None:
-    """Wait until no worker runs or waits and every change is drawn (look-ahead included)."""
-    app = pilot.app
-    deadline = time.monotonic() + timeout
-    calm = 0
-    while calm < 2:
-        assert time.monotonic() < deadline, "the app did not settle"
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-        calm = calm + 1 if app.idle and app.timeline is not None else 0
-        await asyncio.sleep(0.01)
-    await pilot.pause()
-
-
-def sync(test):
-    """Run an async Pilot test with asyncio.run (no pytest-asyncio needed)."""
-    def wrapper(*args, **kwargs):
-        asyncio.run(test(*args, **kwargs))
-
-    wrapper.__name__, wrapper.__doc__ = test.__name__, test.__doc__
-    return wrapper
-
-
-def make_app(**kwargs) -> TinyK3App:
-    # random weights: retraining the shipped checkpoints must not change what these tests see
-    kwargs = {"preset": "tiny", "prompt": PROMPT, "seed": 0, "weights": "random", "show_timings": False, **kwargs}
-    return TinyK3App(**kwargs)
+SMALL = K3Config.runnable_presets().index("small")
 
 
 @sync
@@ -60,24 +32,21 @@ async def test_opens_steps_forward_and_back():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        assert app.step == 4 and app.timeline.prompt_len == 5
+        assert app.step == 4 and app.sim.prompt_len == 5
         text = screen_text(app)
         assert "2 of 112 experts = 1.8% of expert parameters active" in text
         assert "step 4/4" in text and "tiny" in text and "random init, seed 0" in text
         assert "Routing · layer 1 (MoE)" in text and "KDA layer 1 · head 0" in text
-        first = app.timeline.frames[4]
+        first = app.sim.frames[4]
         assert f"input '{first.input_text}' → '{first.token_text}'" in text
 
         await pilot.press("n")
         await settle(pilot)
         assert app.step == 5
         text = screen_text(app)
-        assert "step 5/5" in text
-        # the token predicted at step 4 is the input of step 5
-        assert f"input '{first.token_text}'" in text
-        frame = app.timeline.frames[5]
+        assert "step 5/5" in text and f"input '{first.token_text}'" in text   # step 4's choice is step 5's input
         assert "Memory · 6 tokens" in text
-        assert format_bytes(frame.memory.twin_kv_bytes) in text
+        assert format_bytes(app.sim.frames[5].memory.twin_kv_bytes) in text
 
         await pilot.press("n", "n")
         await settle(pilot)
@@ -85,21 +54,22 @@ async def test_opens_steps_forward_and_back():
         await pilot.press("b")
         await settle(pilot)
         assert app.step == 6 and "step 6/7" in screen_text(app)
-        # back then forward replays the same frame: nothing is recomputed
-        before = len(app.timeline)
+        before = len(app.sim.frames)                    # back then forward replays: nothing is recomputed
+        frame7 = app.sim.frames[7]
         await pilot.press("n")
         await settle(pilot)
-        assert app.step == 7 and app.timeline.frames[7] is app.sim.frames[7]
-        assert len(app.timeline) == before
+        assert app.step == 7 and app.sim.frames[7] is frame7 and len(app.sim.frames) == before
 
         app.goto_step(0)
         await pilot.press("b")
         await settle(pilot)
-        assert app.step == 0 and "already at the first token" in screen_text(app)
+        text = screen_text(app)
+        assert app.step == 0 and "already at the first token" in text
+        assert "Memory · 1 token " in text and "load over 1 token " in text    # never "1 tokens"
 
 
 @sync
-async def test_layer_head_and_panel_selection():
+async def test_layers_stop_at_the_ends_and_say_so():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -112,29 +82,23 @@ async def test_layer_head_and_panel_selection():
         await settle(pilot)
         text = screen_text(app)
         assert "layer 3 (MLA · MoE)" in text and "layer 3 is gated MLA" in text and "KDA layer 2" in text
-        await pilot.press("j")                          # wraps to layer 0: dense, nothing to route
+        await pilot.press("j")                          # the last layer: no silent wrap to 0
+        await settle(pilot)
+        assert app.layer == 3 and "already at the last layer (3); k goes back" in screen_text(app)
+        await pilot.press("k", "k", "k", "k")
         await settle(pilot)
         text = screen_text(app)
-        assert app.layer == 0 and "Routing · layer 0 (dense)" in text and "dense SiTU-GLU" in text
-        await pilot.press("k", "h")
+        assert app.layer == 0 and "already at the first layer (0)" in text
+        assert "Routing · layer 0 (dense)" in text and "dense SiTU-GLU" in text
+        routing = app.query_one("#routing").text
+        assert "experts = 1.8% of expert parameters active" not in routing   # a dense layer has no active experts
+        await pilot.press("j", "j", "h")
         await settle(pilot)
-        assert app.layer == 3 and app.head == 1
-        await pilot.press("k")
-        await settle(pilot)
+        rec = app.sim.frames[app.step].kda_for(2)
         text = screen_text(app)
-        assert "KDA layer 2 · head 1" in text
-        rec = app.timeline.frames[app.step].kda_for(2)
-        assert f"‖S_t - Diag(α) S_t-1‖ = {float(rec.correction_norm[1]):.4f}" in text
-        assert f"‖S‖ = {float(rec.state_norm[1]):.4f}" in text
-
-        await pilot.press("tab")
-        assert app.focused.id == "state"
-        await pilot.press("3")
-        assert app.focused.id == "depth"
-        await pilot.press("z")
-        assert app.screen.maximized is app.query_one("#depth")
-        await pilot.press("z")
-        assert app.screen.maximized is None
+        assert app.head == 1 and "KDA layer 2 · head 1" in text
+        assert f"write {float(rec.correction_norm[1]):.4f}" in text
+        assert f"‖S‖   {float(rec.state_norm[1]):.4f}" in text
 
 
 @sync
@@ -145,22 +109,47 @@ async def test_step_into_a_token_and_out():
         await pilot.press("i")
         await settle(pilot)
         text = screen_text(app)
-        assert app.sub == 3 and "inside token ';'" in text and "▶   3  L1 attn · KDA" in text
+        assert app.sublayer_index == 3 and "inside token ';'" in text and "▶   3  L1 attn · KDA" in text
         await pilot.press("j")
         await settle(pilot)
         text = screen_text(app)
-        ids = app.timeline.frames[4].routing_for(1).expert_ids
+        ids = app.sim.frames[4].routing_for(1).expert_ids
         assert "▶   4  L1 mlp · MoE" in text and "experts    " + " ".join(map(str, ids)) in text
-        await pilot.press("j", "j", "j", "j", "j")     # to the head: the top next tokens
+        # L1 mlp is sublayer 3 of the stream: block size 2 -> emb, b1 and the open block's partial sum
+        depth = app.query_one("#depth").text
+        weights = app.sim.frames[4].depth[3].weights
+        lines = depth.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("AttnRes"))
+        rows = [line.split()[:2] for line in lines[at + 1:at + 4]]
+        assert rows == [[n, f"{w:.3f}"] for n, w in zip(("emb", "b1", "partial"), weights)]
+        await pilot.press("j", "j", "j", "j", "j")      # to the head: the top next tokens
         await settle(pilot)
-        text = screen_text(app)
-        assert app.sub == 9 and "▶   9  head" in text and "next" in text and "cur" not in text.split("head")[-1][:0]
+        head = app.query_one("#depth").text
+        top = app.sim.frames[4]
+        assert app.sublayer_index == 9 and "▶   9  head" in head
+        assert f"'{token_text(int(top.top_ids[0]))}' {float(top.top_probs[0]):.2f}" in head
+        await pilot.press("j")
+        await settle(pilot)
+        assert app.sublayer_index == 9 and "already at the head, the last sublayer" in screen_text(app)
         await pilot.press("n")                          # the next token keeps the learner inside
         await settle(pilot)
-        assert app.step == 5 and app.sub == 9 and "inside token" in screen_text(app)
+        assert app.step == 5 and app.sublayer_index == 9 and "inside token" in screen_text(app)
         await pilot.press("o")
         await settle(pilot)
-        assert app.sub == -1 and "inside token" not in screen_text(app)
+        assert app.sublayer_index == -1 and "inside token" not in screen_text(app)
+
+
+@sync
+async def test_depth_panel_names_its_columns_and_scale():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        depth = app.query_one("#depth")
+        text = depth.text
+        assert "emb embedding · bN block sums · partial the open block" in " ".join(text.split())
+        assert "Depth · weights 0 ░▒▓█ 1" in screen_text(app)
+        header = next(line for line in text.splitlines() if "partial" in line and "emb" in line and "b1" in line)
+        assert header.split() == ["emb", "b1", "b2", "b3", "b4", "partial"]   # tiny: 8 sublayers, blocks of 2
 
 
 @sync
@@ -177,6 +166,8 @@ async def test_compare_mode_and_palette():
         await settle(pilot)
         assert "compare:" not in screen_text(app)
 
+        titles = [t for t, _, _ in K3Commands(app.screen)._commands("layer 2")]
+        assert titles.count("Go to layer 2") == 1 and len(titles) == len(set(titles))
         await pilot.press("ctrl+p")
         await pilot.press(*"layer 2")
         await pilot.pause(0.5)
@@ -188,7 +179,7 @@ async def test_compare_mode_and_palette():
         await pilot.pause(0.5)
         await pilot.press("enter")
         await settle(pilot)
-        r = app.timeline.frames[app.step].routing_for(2)
+        r = app.sim.frames[app.step].routing_for(2)
         assert app.expert == 100 and f"expert 100: score {float(r.scores[100]):.3f}" in screen_text(app)
 
 
@@ -197,18 +188,15 @@ async def test_run_pause_and_unknown_keys():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        state = (app.step, app.layer, app.head, app.sub, app.compare, app.running, app.expert)
+        state = (app.step, app.layer, app.head, app.sublayer_index, app.compare, app.running, app.expert)
         before = screen_text(app)
-        await pilot.press("x", "X", "%", "f5", "ctrl+t", "9")
+        await pilot.press("X", "%", "f5", "ctrl+t", "9")
         await settle(pilot)
-        assert (app.step, app.layer, app.head, app.sub, app.compare, app.running, app.expert) == state
+        assert (app.step, app.layer, app.head, app.sublayer_index, app.compare, app.running, app.expert) == state
         assert screen_text(app) == before
 
         await pilot.press("r")
-        deadline = time.monotonic() + 60
-        while app.step < 8:
-            assert time.monotonic() < deadline, "running did not advance"
-            await pilot.pause(0.05)
+        await wait_until(pilot, lambda: app.step >= 8, 60, "running")
         await pilot.press("r")
         await settle(pilot)
         stopped = app.step
@@ -218,43 +206,81 @@ async def test_run_pause_and_unknown_keys():
 
 
 @sync
+async def test_memory_panel_states_the_crossover_and_r_pauses_there():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        cfg = app.config
+        # the first token count where the hybrid's bytes are below the twin's, by a plain scan
+        first = next(n for n in range(1, 10_000) if sum(cache_bytes(cfg, n)) < sum(cache_bytes(cfg.twin(), n)))
+        assert crossover_tokens(cfg) == first
+        memory = app.query_one("#memory").text
+        assert f"hybrid larger until token {first} (now 5); r: watch it cross" in memory
+        assert "twin ÷ hybrid" in memory and "K3 at 1M" in memory
+        fixed = memory.splitlines()[0]                     # the fixed state, first line, above the fold
+        assert fixed.startswith("state fixed at ") and "the same at 1 token and at 1M" in fixed
+
+        await pilot.press("r")
+        await wait_until(pilot, lambda: not app.running, 120, "the r demo")
+        await settle(pilot)
+        assert app.sim.frames[app.step].position + 1 == first
+        text = screen_text(app)
+        assert f"token {first}: the all-MLA twin's cache" in text
+        assert f"hybrid smaller since token {first}" in app.query_one("#memory").text
+        m = app.sim.frames[app.step].memory
+        assert m.twin_kv_bytes > m.total_bytes                              # measured: it really crossed
+
+
+@sync
 async def test_bad_prompt_keeps_the_session_then_a_good_one_replaces_it():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        timeline, step = app.timeline, app.step
+        sim, step = app.sim, app.step
         for bad, says in (("", "the prompt is empty"), ("x" * 600, "allows 512 tokens")):
             await pilot.press("e")
             assert isinstance(app.screen, PromptScreen)
             app.screen.query_one("Input").value = bad
             await pilot.press("enter")
+            await wait_until(pilot, lambda: app.driver.loading is None)
             await settle(pilot)
             text = screen_text(app)
             assert "Not loaded:" in text and says in text and "kept the current session" in text
-            assert app.timeline is timeline and app.step == step and app.prompt == PROMPT
+            assert app.sim is sim and app.step == step and app.prompt == PROMPT
         await pilot.press("e")
-        app.screen.query_one("Input").value = "ab"
+        app.screen.query_one("Input").value = "a\nb"
         await pilot.press("enter")
+        await wait_until(pilot, lambda: app.sim is not sim)
         await settle(pilot)
-        assert app.prompt == "ab" and app.step == 2 and app.timeline is not timeline
+        assert app.prompt == "a\nb" and app.step == 3
         assert "Not loaded" not in screen_text(app)
+        app.goto_step(2)                                # the input of frame 2 is the newline
+        await settle(pilot)
+        text = screen_text(app)
+        assert "input '\\n' → 'b'" in text and "'\\\\n'" not in text     # shown escaped once, not twice
         await pilot.press("e", "escape")               # cancelling changes nothing
         await settle(pilot)
-        assert app.prompt == "ab" and not isinstance(app.screen, PromptScreen)
+        assert app.prompt == "a\nb" and not isinstance(app.screen, PromptScreen)
 
 
 @sync
-async def test_switch_preset_to_the_896_expert_grid():
+async def test_preset_dialog_opens_on_another_preset():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("p")
         assert isinstance(app.screen, PresetScreen)
-        await pilot.press("up", "enter")               # the list is in preset order: ..., small, tiny
+        text = screen_text(app)
+        assert "tiny " in text and "(current)" in text
+        highlighted = app.screen.query_one("OptionList").highlighted_option.id
+        assert highlighted != "tiny"                   # Enter switches, always
+        app.screen.query_one("OptionList").highlighted = SMALL      # ... the list is in preset order
+        assert app.screen.query_one("OptionList").highlighted_option.id == "small"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.preset == "small")
         await settle(pilot)
         text = screen_text(app)
-        assert app.preset == "small" and app.config.num_experts == 896
-        assert "16 of 896 experts = 1.8% of expert parameters active" in text and "small" in text
+        assert app.config.num_experts == 896 and "16 of 896 experts = 1.8% of expert parameters active" in text
         await pilot.press("?")
         assert isinstance(app.screen, HelpScreen) and "step into / out" in screen_text(app)
         await pilot.press("escape")
@@ -262,12 +288,54 @@ async def test_switch_preset_to_the_896_expert_grid():
 
 
 @sync
-async def test_small_terminal_message_and_recovery():
+async def test_compact_layout_at_80x24():
     app = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=(MIN_WIDTH, MIN_HEIGHT)) as pilot:
+        await settle(pilot)
+        assert app.layout_mode == "compact"
+        text = screen_text(app)
+        ids = " ".join(map(str, app.sim.frames[4].routing_for(1).expert_ids))
+        assert f"layer 1: 2 of 112 experts (1.8%) → {ids}" in text         # the routing headline
+        assert "1 Routing" in text and "4 Memory" in text and "Routing · layer 1 (MoE)" in text
+        assert "q quit" in text and "? help" in text and "Memory ·" not in text
+        await pilot.press("4")
         await settle(pilot)
         text = screen_text(app)
-        assert f"needs at least {MIN_WIDTH} x {MIN_HEIGHT}" in text and "this one is 80 x 24" in text
+        assert "Memory · 5 tokens" in text and "Routing · layer" not in text
+        assert f"layer 1: 2 of 112 experts (1.8%) → {ids}" in text         # always visible
+        await pilot.press("tab")
+        await settle(pilot)
+        assert "Routing · layer 1 (MoE)" in screen_text(app)               # tab wraps to the first panel
+        app._set_message("line one\nline two of a two-line message")
+        await settle(pilot)
+        text = screen_text(app)
+        assert "line two" in text and "q quit" in text                     # the footer stays on screen
+        await pilot.press("e")
+        assert "Escape cancels." in screen_text(app)                        # the dialog's label is not cut
+        await pilot.press("escape")
+
+
+@sync
+async def test_full_layout_at_120x36_cuts_nothing_important():
+    app = make_app(preset="small", prompt=None)        # the default preset and prompt, random weights
+    async with app.run_test(size=(FULL_WIDTH, FULL_HEIGHT)) as pilot:
+        await settle(pilot)
+        assert app.layout_mode == "full"
+        text = screen_text(app)
+        for must in ("Tokens", "Routing · layer 1 (MoE)", "16 of 896 experts", "KDA layer 1 · head 0",
+                     "Depth · weights", "state fixed at 63.0 KB", f"hybrid larger until token {crossover_tokens(app.config)}",
+                     "twin ÷ hybrid", "K3 at 1M", "c compare", "z zoom", "q quit",
+                     f"step {len(encode(DEFAULT_PROMPT)) - 1}/"):
+            assert must in text, must
+
+
+@sync
+async def test_too_small_then_recovery():
+    app = make_app()
+    async with app.run_test(size=(70, 20)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert f"needs at least {MIN_WIDTH} x {MIN_HEIGHT}" in text and "this one is 70 x 20" in text
         assert "Routing" not in text
         await pilot.resize_terminal(*SIZE)
         await settle(pilot)
@@ -278,31 +346,213 @@ async def test_small_terminal_message_and_recovery():
         assert app.step == 5
 
 
-def test_timeline_histories_stay_exact_over_thousands_of_steps():
-    """The per-step index the panels read equals a direct recount, at step 3000 as at step 3."""
-    sim = Simulation("tiny", PROMPT, seed=0)
-    sim.run(11)
-    timeline = Timeline(sim.config, sim.prompt_len)
-    frames = sim.frames * (3000 // len(sim.frames) + 1)
-    for f in frames[:3000]:
-        timeline.append(f)
-    cfg = sim.config
-    for upto in (0, 7, 2999):
-        for layer in cfg.moe_layers:
-            ids = np.concatenate([f.routing_for(layer).expert_ids for f in frames[:upto + 1]])
-            load = timeline.expert_load(layer, upto)
-            assert load.sum() == (upto + 1) * cfg.top_k
-            np.testing.assert_array_equal(load, np.bincount(ids, minlength=cfg.num_experts))
-        norms = [f.kda_for(0).state_norm[1] for f in frames[:upto + 1]]
-        np.testing.assert_array_equal(timeline.state_norms(0, 1, upto), norms)
-        mem = timeline.memory(upto)
-        assert mem["twin_kv_bytes"].tolist() == [f.memory.twin_kv_bytes for f in frames[:upto + 1]]
+@sync
+async def test_panels_redraw_on_unzoom():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("z")
+        await settle(pilot)
+        text = screen_text(app)
+        assert app.zoomed and "Routing · layer 1 (MoE)" in text and "Memory ·" not in text
+        assert "step 4/4" in text                       # the status stays
+        await pilot.press("n", "n", "n")
+        await settle(pilot)
+        await pilot.press("z")
+        await settle(pilot)
+        text = screen_text(app)
+        assert not app.zoomed and "Memory · 8 tokens" in text     # not the 5 tokens from before the zoom
+        rec = app.sim.frames[7].kda_for(1)
+        assert f"‖S‖   {float(rec.state_norm[0]):.4f}" in text
 
 
-def test_main_refuses_an_unknown_preset(capsys):
-    assert main(["--preset", "nope"]) == 2
-    assert "valid presets are" in capsys.readouterr().err
-    assert TinyK3App().preset == "small" and TinyK3App().prompt
+def gated_builder(gate: threading.Event, started: threading.Event):
+    """A make_sim for the Driver that waits for `gate` before building (a slow checkpoint, a big preset)."""
+    def make_sim(preset, prompt, **kw):
+        started.set()
+        assert gate.wait(30)
+        return sim_pkg.Simulation(preset, prompt, **kw)
+
+    return make_sim
+
+
+@sync
+async def test_loading_line_at_once_then_status_says_what_is_loaded():
+    gate, started = threading.Event(), threading.Event()
+    app = make_app()
+    app.driver = Driver(make_sim=gated_builder(gate, started))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, started.is_set)
+        await pilot.pause(0.1)
+        text = screen_text(app)
+        assert "loading tiny (random init, seed 0): building the model … · Esc cancels" in text
+        gate.set()
+        await settle(pilot)
+        assert "random init, seed 0" in screen_text(app) and "loading" not in screen_text(app)
+        await pilot.press("p")
+        app.screen.query_one("OptionList").highlighted = SMALL
+        gate.clear()
+        started.clear()
+        app.driver._make_sim = gated_builder(gate, started)
+        await pilot.press("enter")                      # small, with its trained weights (weights="random" here)
+        await wait_until(pilot, started.is_set)
+        await pilot.pause(0.1)
+        assert "loading small (random init, seed 0): building the model" in screen_text(app)
+        assert "tiny" in screen_text(app)               # the old session stays on screen meanwhile
+        gate.set()
+        await wait_until(pilot, lambda: app.preset == "small")
+
+
+@sync
+async def test_status_after_a_corrupt_checkpoint():
+    def make_sim(preset, prompt, **kw):
+        if kw["weights"] != "random":
+            raise CheckpointError("checkpoint small.safetensors is corrupt or unreadable (SafetensorError).")
+        return sim_pkg.Simulation(preset, prompt, **kw)
+
+    app = make_app(preset="small", weights="auto")
+    app.driver = Driver(make_sim=make_sim)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.sim.weights == "random"
+        status = app.query_one("#status").render()
+        assert "random init, seed 0 (fallback: checkpoint small.safetensors is corrupt" in str(status)
+
+
+@sync
+async def test_trained_weights_are_named_in_the_status():
+    app = make_app(preset="small", weights="auto")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.sim.weights == "trained"
+        assert "trained checkpoint small.safetensors" in str(app.query_one("#status").render())
+
+
+LONG = "the quick brown fox jumps over the lazy dog; " * 6     # 270 bytes: minutes of k3-topo prefill
+
+
+@sync
+async def test_escape_cancels_a_k3_topo_prefill_and_a_new_prompt_replaces_a_load():
+    app = make_app(preset="k3-topo", prompt=LONG)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.driver.progress is not None, 120, "the prefill")
+        first = app.driver.loading
+        text = screen_text(app)
+        assert f"/{len(LONG) + 1} tokens" in text and "tokens/s" in text and "Esc cancels" in text
+        await pilot.press("escape")
+        assert first.flag.observed.wait(30)             # the worker saw the flag between two tokens
+        await pilot.pause(0.1)
+        text = screen_text(app)
+        assert "load cancelled; nothing loaded" in text and app.driver.loading is None and app.sim is None
+
+        app.load_session(prompt=LONG)                   # a new load, then another prompt before it is done
+        await wait_until(pilot, lambda: app.driver.progress is not None, 120, "the second prefill")
+        second = app.driver.loading
+        app.load_session(preset="tiny", prompt="ab")
+        assert second.flag.observed.wait(30)
+        await settle(pilot)
+        assert app.preset == "tiny" and app.prompt == "ab" and app.step == 2
+
+
+@sync
+async def test_quit_during_a_k3_topo_prefill_stops_the_worker():
+    app = make_app(preset="k3-topo", prompt=LONG)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.driver.progress is not None, 120, "the prefill")
+        ticket = app.driver.loading
+        pressed = time.monotonic()
+        await pilot.press("q")
+    exited = time.monotonic() - pressed
+    assert ticket.flag.observed.wait(30)                # the prefill stopped at its next token
+    assert exited < 10                                  # generous: the app does not wait for the prefill
+
+
+@sync
+async def test_quick_quit_then_keys_never_traceback():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q", "e", "p", "n", "s")
+        app.action_edit_prompt()
+        app.action_preset()
+        app.action_next()
+        app._draw()
+    assert app.return_code in (0, None) and app._exception is None
+
+
+@sync
+async def test_context_limit_says_why():
+    app = make_app(lookahead=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        # a context of 8 positions instead of tiny's 512: the same rule, without a 500-token prefill
+        app.sim.config = dataclasses.replace(app.sim.config, max_seq_len=8)
+        for _ in range(3):
+            await pilot.press("n")
+            await settle(pilot)
+        assert app.step == 7 and len(app.sim.frames) == 8
+        await pilot.press("n")
+        assert "n: the context is full: preset 'tiny' holds 8 tokens" in screen_text(app)
+        await pilot.press("r")
+        assert "r: the context is full" in screen_text(app) and not app.running
+
+
+@sync
+async def test_save_then_open_at_the_same_step(tmp_path):
+    app = make_app(save_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("n", "n", "n", "b")
+        await settle(pilot)
+        await pilot.press("s")
+        await wait_until(pilot, lambda: list(tmp_path.glob("*.npz")) and "saved at step" in str(app.message))
+        saved_frames = list(app.sim.frames)
+        assert "saved at step 6" in screen_text(app)
+    (path,) = tmp_path.glob("*.npz")
+    assert path.name.startswith("tiny-k3-tiny-")
+    reopened = TinyK3App(open_path=str(path), show_timings=False)
+    async with reopened.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert reopened.step == 6 and reopened.preset == "tiny" and reopened.prompt == PROMPT
+        assert all(a.same_as(b) for a, b in zip(reopened.sim.frames, saved_frames))
+        assert "step 6/6" in screen_text(reopened) and "random init, seed 0" in screen_text(reopened)
+        await pilot.press("n")                          # it steps on from there
+        await settle(pilot)
+        assert reopened.step == 7 and reopened.sim.frames[7].same_as(saved_frames[7])
+
+
+@sync
+async def test_held_n_while_a_step_computes_coalesces():
+    app = make_app(lookahead=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        gate = threading.Event()
+        real_step = app.sim.step
+        calls = []
+
+        def slow_step(*args, **kwargs):
+            calls.append(1)
+            assert gate.wait(30)
+            return real_step(*args, **kwargs)
+
+        app.sim.step = slow_step                       # the next token takes as long as the test wants
+        await pilot.press(*["n"] * 40)                  # a held key
+        assert app.driver.goal == 5 and len(calls) == 1 and "computing step 5" in screen_text(app)
+        gate.set()
+        await settle(pilot)
+        assert app.step == 5 and len(calls) == 1 and len(app.sim.frames) == 6     # one step, not forty
+
+
+def test_every_runnable_preset_draws_its_first_frame():
+    """Each panel draws without its error line on every preset's first frame (no Textual needed for the View)."""
+    for name in K3Config.runnable_presets():
+        if name == "k3-topo":
+            continue                                   # covered by the k3-topo load tests above
+        s = Simulation(name, "ab", weights="random")
+        v = View(s, 1, 2, s.config.moe_layers[0] if s.config.moe_layers else 0, 0, None, False, -1)
+        assert f"{s.config.top_k} of {s.config.num_experts} experts" in routing_headline(v).plain
+        table = memory_table(v.frame, s.config, 0)
+        assert [c.header for c in table.columns] == ["", "hybrid", "twin", "twin ÷ hybrid"]
+        assert np.isfinite(crossover_tokens(s.config))
 
 
 # ------------------------------------------------------------------------------------------ snapshots
@@ -321,5 +571,9 @@ def test_snapshot_stepped_in_compare(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
 
 
-def test_snapshot_small_terminal(snap_compare):
-    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=settle)
+def test_snapshot_compact_80x24(snap_compare):
+    assert snap_compare(make_app(), terminal_size=(MIN_WIDTH, MIN_HEIGHT), run_before=settle)
+
+
+def test_snapshot_full_120x36(snap_compare):
+    assert snap_compare(make_app(), terminal_size=(FULL_WIDTH, FULL_HEIGHT), run_before=settle)

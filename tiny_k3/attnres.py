@@ -81,6 +81,10 @@ class DepthStream:
     def sources(self) -> list[torch.Tensor]:
         return self.blocks + ([self.partial] if self.partial is not None else [])
 
+    def source_names(self) -> list[str]:
+        """Names of `sources()`, as front ends label them: "emb", the block sums "b1", "b2", ..., "partial"."""
+        return ["emb"] + [f"b{i}" for i in range(1, len(self.blocks))] + (["partial"] if self.partial is not None else [])
+
     def read(self, depth: DepthAttention | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The input h_l of the next sublayer and its depth weights [B, T, N] (None for standard)."""
         if self.mode == "standard":

@@ -1,0 +1,58 @@
+"""The command palette (ctrl+p): go to layer / expert / step / head, presets and the toggles."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from textual.command import DiscoveryHit, Hit, Provider
+
+from tiny_k3.config import K3Config
+
+
+
+class K3Commands(Provider):
+    """Numbers typed in the query offer "Go to layer N", "Go to expert N", ...; each title appears once."""
+
+    def _commands(self, query: str):
+        app = self.app
+        cfg = app.config
+        seen: set[str] = set()
+
+        def once(title: str, help_text: str, callback):
+            if title not in seen:
+                seen.add(title)
+                yield title, help_text, callback
+
+        numbers = [int(tok) for tok in query.replace("/", " ").split() if tok.isdigit()]
+        for n in numbers:
+            if n < cfg.num_layers:
+                yield from once(f"Go to layer {n}", f"{cfg.layer_kinds[n].upper()} layer", partial(app.select_layer, n))
+            if n < cfg.num_experts:
+                yield from once(f"Go to expert {n}", "highlight this expert in the routing panel",
+                                partial(app.select_expert, n))
+            if n < len(app.driver.frames):
+                yield from once(f"Go to step {n}", "move the cursor to this token", partial(app.goto_step, n))
+            if n < cfg.kda_heads:
+                yield from once(f"Head {n}", "show this KDA head", partial(app.select_head, n))
+        for layer in range(cfg.num_layers):
+            yield from once(f"Go to layer {layer}", f"{cfg.layer_kinds[layer].upper()} layer",
+                            partial(app.select_layer, layer))
+        for name in K3Config.runnable_presets():
+            yield from once(f"Preset {name}", "restart on this preset", partial(app.load_session, preset=name))
+        yield "Toggle compare mode", "hybrid vs the all-softmax twin", app.action_compare
+        yield "Run / pause", "generate continuously", app.action_run
+        yield "Edit prompt", "type a new prompt", app.action_edit_prompt
+        yield "Save the run", "write it to a file that --open reopens", app.action_save
+        yield "Clear expert", "stop highlighting an expert", partial(app.select_expert, -1)
+
+    async def discover(self):
+        for title, help_text, callback in self._commands(""):
+            if not title.startswith("Go to layer") or title.endswith(" 0"):
+                yield DiscoveryHit(title, callback, help=help_text)
+
+    async def search(self, query: str):
+        matcher = self.matcher(query)
+        for title, help_text, callback in self._commands(query):
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), callback, help=help_text)

@@ -1,0 +1,293 @@
+"""The TUI's driver: owns the Simulation, the cursor and the work queue. Plain Python, no Textual.
+
+The app calls the cheap methods on its UI thread (`next`, `back`, `goto`, `begin_load`, `start_step`) and
+runs the two kinds of job they hand out in worker threads: `run_load` (build a Simulation, the prompt
+prefilled token by token with progress, checking a cancel flag between tokens) and `run_step` (one
+`Simulation.step()`). Results come back to the UI thread through `finish_load` / `finish_step`, which drop
+anything stale (a job of a session that has since been replaced or cancelled).
+
+Cursor rules:
+  * `step` is the frame on screen; `visited` the furthest the learner has seen; frames up to
+    `visited + lookahead` are computed ahead so `n` needs no compute while the learner reads.
+  * Held keys do not queue: `n` past the computed frames sets one goal, "go to step len(frames)", and
+    further presses while that frame computes coalesce into the same goal (issue 13: 350 presses once
+    kept stepping for two minutes). The cursor jumps there when the frame arrives.
+  * The Simulation's own cursor stays on its last frame, so `sim.step()` always extends the timeline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from sim import Simulation, runfile
+from tiny_k3.weights import CheckpointError, available_pretrained
+
+PROGRESS_EVERY = 0.1   # seconds between progress reports: often enough for a smooth bar, rarely enough to be free
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to load: a preset and prompt, or a saved run (`open_path`)."""
+
+    preset: str
+    prompt: str
+    seed: int = 0
+    weights: str = "auto"         # "auto": the shipped trained weights where the preset has them
+    device: str | None = None
+    open_path: str | None = None
+
+    def expected_weights(self) -> str:
+        """What a load of this spec will most likely use, for the loading line (before anything is built)."""
+        if self.open_path is not None:
+            return f"saved run {self.open_path}"
+        shipped = self.preset in available_pretrained()
+        return "trained checkpoint" if self.weights != "random" and shipped else f"random init, seed {self.seed}"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Prefill progress of one load: frames done of total, and the seconds it has taken so far."""
+
+    done: int
+    total: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.done / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A built session, handed from the load worker to the UI thread."""
+
+    sim: Simulation
+    spec: RunSpec                 # as loaded (for a saved run: its preset, prompt and seed)
+    weights: str                  # what is really loaded, e.g. "trained checkpoint small.safetensors"
+    step: int                     # where the cursor starts
+
+
+class Cancelled(Exception):
+    """Raised inside a job when its cancel flag was set; the job stops between two tokens."""
+
+
+class CancelFlag:
+    """Set by the UI thread, checked by the worker between tokens; `observed` records that it stopped."""
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+        self.observed = threading.Event()
+
+    def set(self) -> None:
+        self._set.set()
+
+    @property
+    def is_set(self) -> bool:
+        return self._set.is_set()
+
+    def check(self) -> None:
+        if self._set.is_set():
+            self.observed.set()
+            raise Cancelled
+
+
+@dataclass(frozen=True)
+class LoadTicket:
+    """One load request; the newest is the only one whose result is installed."""
+
+    spec: RunSpec
+    flag: CancelFlag
+
+
+def weights_label(sim: Simulation, fallback: str | None = None) -> str:
+    """The status line's account of the weights actually in the model."""
+    if sim.weights == "trained":
+        return f"trained checkpoint {sim.config.name}.safetensors"
+    label = f"random init, seed {sim.seed}"
+    return f"{label} (fallback: {fallback})" if fallback else label
+
+
+class Driver:
+    """Owns the Simulation, the cursor (step / visited / goal) and what to compute next."""
+
+    def __init__(self, lookahead: int = 2, make_sim: Callable[..., Simulation] = Simulation,
+                 open_run: Callable[..., Simulation] = runfile.load, clock: Callable[[], float] = time.perf_counter):
+        self.lookahead = lookahead
+        self._make_sim, self._open_run, self._clock = make_sim, open_run, clock
+        self.sim: Simulation | None = None
+        self.spec: RunSpec | None = None        # what is loaded
+        self.weights = ""                       # weights_label of what is loaded
+        self.loading: LoadTicket | None = None  # what is being loaded
+        self.progress: Progress | None = None
+        self.step = self.visited = self.goal = 0
+        self.end_reason: str | None = None      # why the timeline cannot grow (context full, a step failed)
+        self.stepping = False                   # a step job is in flight (one at a time: sims are not thread-safe)
+        self._step_flag = CancelFlag()
+
+    # ------------------------------------------------------------------ loading
+    def begin_load(self, spec: RunSpec) -> LoadTicket:
+        """A new load; it cancels the one in flight (a new prompt or preset replaces the old load)."""
+        self.cancel_load()
+        self.loading = LoadTicket(spec, CancelFlag())
+        self.progress = None
+        return self.loading
+
+    def cancel_load(self) -> bool:
+        """Stop the load in flight (Esc); the session on screen stays. False when nothing was loading."""
+        if self.loading is None:
+            return False
+        self.loading.flag.set()
+        self.loading, self.progress = None, None
+        return True
+
+    def cancel_all(self) -> None:
+        """Quitting: every job stops at its next check."""
+        self.cancel_load()
+        self._step_flag.set()
+
+    def run_load(self, ticket: LoadTicket, report: Callable[[Progress], None] | None = None) -> Loaded:
+        """[worker thread] Build the session of `ticket`: raises Cancelled, or ValueError with one sentence."""
+        spec, flag = ticket.spec, ticket.flag
+        start = self._clock()
+        last = [start]
+
+        def progress(done: int, total: int) -> None:
+            flag.check()
+            now = self._clock()
+            if report is not None and (done == total or now - last[0] >= PROGRESS_EVERY):
+                last[0] = now
+                report(Progress(done, total, now - start))
+
+        flag.check()
+        if spec.open_path is not None:
+            sim = self._open_run(spec.open_path, device=spec.device, progress=progress)
+            flag.check()
+            opened = replace(spec, preset=sim.config.name, prompt=sim.prompt, seed=sim.seed, weights=sim.weights)
+            return Loaded(sim, opened, weights_label(sim), sim.cursor)
+        fallback = None
+        try:
+            sim = self._make_sim(spec.preset, spec.prompt, seed=spec.seed, device=spec.device,
+                                 weights=spec.weights, progress=progress)
+        except CheckpointError as exc:
+            if spec.weights != "auto":
+                raise
+            # "auto" means the trained weights where they ship; an unreadable checkpoint must not leave the
+            # learner with nothing, so run random init and say so (DESIGN.md: bad input loses nothing)
+            fallback = str(exc).rstrip(".")
+            flag.check()
+            sim = self._make_sim(spec.preset, spec.prompt, seed=spec.seed, device=spec.device,
+                                 weights="random", progress=progress)
+        flag.check()
+        return Loaded(sim, spec, weights_label(sim, fallback), len(sim.frames) - 1)
+
+    def finish_load(self, ticket: LoadTicket, loaded: Loaded) -> bool:
+        """[UI thread] Install a finished load; False (and nothing changes) when it is stale."""
+        if ticket is not self.loading:
+            return False
+        self.loading, self.progress = None, None
+        self._step_flag.set()                   # a step of the old session may still run: its result is dropped
+        self._step_flag = CancelFlag()
+        self.sim, self.spec, self.weights = loaded.sim, loaded.spec, loaded.weights
+        self.stepping = False
+        last = len(loaded.sim.frames) - 1
+        loaded.sim.goto(last)                   # the sim's cursor stays at the end; ours is `step`
+        self.step = self.visited = self.goal = loaded.step
+        self.end_reason = None
+        return True
+
+    def fail_load(self, ticket: LoadTicket) -> bool:
+        """[UI thread] A load failed; True when it was the current one (then say so)."""
+        if ticket is not self.loading:
+            return False
+        self.loading, self.progress = None, None
+        return True
+
+    def report(self, ticket: LoadTicket, progress: Progress) -> bool:
+        if ticket is not self.loading:
+            return False
+        self.progress = progress
+        return True
+
+    # ------------------------------------------------------------------ the cursor
+    @property
+    def frames(self) -> list:
+        return [] if self.sim is None else self.sim.frames
+
+    def next(self) -> str:
+        """`n`: "moved" (shown at once), "waiting" (the frame is being computed) or "end" (see end_reason)."""
+        frames = self.frames
+        if not frames:
+            return "end"
+        if self.step + 1 < len(frames):
+            self.step += 1
+            self.goal = max(self.goal, self.step)
+            self.visited = max(self.visited, self.step)
+            return "moved"
+        if self.at_end:
+            return "end"
+        self.goal = len(frames)                 # coalesced: every press until it arrives asks for this step
+        return "waiting"
+
+    def back(self) -> bool:
+        if self.step == 0:
+            return False
+        self.step -= 1
+        self.goal = self.step
+        return True
+
+    def goto(self, i: int) -> bool:
+        if not 0 <= i < len(self.frames):
+            return False
+        self.step = self.goal = i
+        self.visited = max(self.visited, i)
+        return True
+
+    @property
+    def at_end(self) -> bool:
+        """The timeline cannot grow: the preset's context is full or a step failed."""
+        if self.end_reason is None and self.sim is not None and len(self.frames) >= self.sim.config.max_seq_len:
+            self.end_reason = (f"the context is full: preset {self.sim.config.name!r} holds "
+                               f"{self.sim.config.max_seq_len} tokens, prompt and generated; b goes back, "
+                               f"e starts a new prompt")
+        return self.end_reason is not None
+
+    # ------------------------------------------------------------------ stepping
+    def wants_step(self) -> bool:
+        """A step job should start now: nothing in flight, no load competing for the CPU, frames wanted."""
+        if self.sim is None or self.stepping or self.loading is not None or self.at_end:
+            return False
+        return len(self.frames) - 1 < max(self.goal, self.visited + self.lookahead)
+
+    def start_step(self) -> tuple[Simulation, CancelFlag]:
+        self.stepping = True
+        return self.sim, self._step_flag
+
+    @staticmethod
+    def run_step(sim: Simulation, flag: CancelFlag):
+        """[worker thread] One token on the timeline's end."""
+        flag.check()
+        return sim.step()
+
+    def finish_step(self, sim: Simulation, error: str | None = None) -> bool:
+        """[UI thread] A step job ended; True when the cursor moved (a coalesced goal was reached)."""
+        if sim is not self.sim:
+            return False
+        self.stepping = False
+        if error is not None:
+            self.end_reason = error
+            self.goal = min(self.goal, len(self.frames) - 1)
+            return False
+        if self.goal > self.step and self.goal < len(self.frames):
+            self.step = self.goal
+            self.visited = max(self.visited, self.step)
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        name = None if self.spec is None else self.spec.preset
+        return (f"Driver(preset={name!r}, step={self.step}, visited={self.visited}, goal={self.goal}, "
+                f"frames={len(self.frames)}, stepping={self.stepping}, loading={self.loading is not None})")
+

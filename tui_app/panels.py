@@ -1,0 +1,595 @@
+"""The TUI's four panels. Each is a pure function of a `View`; the numbers come from the Simulation
+(expert_load, state_norm_history, memory_history), the pictures from sim.render, the depth layout from
+tiny_k3.attnres.DepthStream: the panels own only where things go on screen.
+
+Panels redraw only when what they show changed (a key per panel), so stepping stays cheap on 93-layer
+presets; `invalidate()` forces the next draw (after a zoom or a layout switch changed what is visible).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from rich.console import Console, ConsoleOptions, Group
+from rich.measure import Measurement
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from sim import Simulation, render
+from sim.frame import Frame, SublayerView
+from sim.measure import saved_line
+from sim.memory import MIB_CONTEXT, cache_bytes, format_bytes, project_to_k3, state_bytes_fixed
+from tiny_k3.attnres import DepthStream
+from tiny_k3.config import K3Config
+
+SPARK_WIDTH = 48  # values shown in a sparkline: the most recent ones, so long runs cost the same
+
+# Widths of the routing panel's columns, in terminal cells.
+GRID_WIDTH = 56         # render.grid_shape's default: K3's 896 experts as 56 columns x 16 rows
+TOPK_WIDTH = 44         # render.topk_table: "#  expert  score  bias  score+bias  weight" at 4 decimals
+LOAD_WIDTH = 36         # "#123 ████████████████ 42": id, a 16-cell bar (LOAD_BAR), the count
+LOAD_BAR = 16
+COLUMN_GAP = 2          # SideBySide's gap between columns
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def quoted(text: str) -> str:
+    """A token label in quotes; token_text already escapes \\n and friends, so no repr() on top."""
+    return f"'{text}'"
+
+
+@dataclass(frozen=True)
+class View:
+    """What the panels show: everything is read from here, nothing from the app."""
+
+    sim: Simulation
+    session: int                # bumps with every loaded session: panels key their drawings on it
+    step: int
+    layer: int
+    head: int
+    sublayer: SublayerView | None   # the sublayer stepped into (Simulation.step_into), or None at token level
+    compare: bool
+    expert: int                 # selected expert, -1 none
+    sublayers: tuple = ()       # all sublayers of this token when stepped in
+
+    @property
+    def config(self) -> K3Config:
+        return self.sim.config
+
+    @property
+    def frame(self) -> Frame:
+        return self.sim.frames[self.step]
+
+    @property
+    def kda_layer(self) -> int | None:
+        """The KDA layer the state panel shows: the selected one, else the nearest KDA layer below it."""
+        below = [i for i in self.config.kda_layers if i <= self.layer]
+        return below[-1] if below else (self.config.kda_layers[0] if self.config.kda_layers else None)
+
+
+# ---------------------------------------------------------------------------------------- panels
+
+
+class Panel(ScrollView):
+    """A focusable, scrollable panel that draws one Rich renderable with the Line API.
+
+    The renderable is turned into lines once per change, at the panel's width; scrolling and repaints
+    then only crop those lines. Nothing is measured or laid out again, so a step repaints only what
+    changed (a Static would re-measure its content and re-flow the whole screen on every update).
+    """
+
+    can_focus = True
+    TITLE = ""
+
+    def __init__(self, **kwargs):
+        super().__init__(classes="panel", **kwargs)
+        self.border_title = self.TITLE
+        self._key = None
+        self._shown: tuple = (None, None)
+        self._lines: list[Strip] = []
+
+    @property
+    def inner_width(self) -> int:
+        return max(self.scrollable_content_region.width, 20)
+
+    @property
+    def inner_height(self) -> int:
+        return self.scrollable_content_region.height
+
+    @property
+    def text(self) -> str:
+        """Everything the panel holds as plain text, also what is scrolled out of view."""
+        return "\n".join(line.text for line in self._lines)
+
+    def invalidate(self) -> None:
+        self._key = None
+
+    def show(self, view: View | None, message: str | None = None) -> None:
+        self._shown = (view, message)
+        if not self.is_mounted or self.size.width == 0 or not self.display:
+            return                          # hidden: drawn when shown again (on_resize / invalidate)
+        key = ("msg", message, self.inner_width) if view is None else (self.inner_width, *self.key(view))
+        if key == self._key:
+            return
+        self._key = key
+        if view is None:
+            return self._set(Text(message or "", style="italic"))
+        try:
+            title, renderable = self.draw(view)
+        except Exception as exc:  # noqa: BLE001 - a drawing bug must not take the session down
+            title = self.TITLE
+            renderable = Text(f"could not draw this panel: {type(exc).__name__}: {exc}", style="bold red")
+        if title != self.border_title:
+            self.border_title = title
+        self._set(renderable)
+
+    def _set(self, renderable) -> None:
+        console, width = self.app.console, self.inner_width
+        options = console.options.update(width=width, highlight=False)
+        lines = console.render_lines(renderable, options, pad=True, new_lines=False)
+        self._lines = [Strip(line, width) for line in lines]   # padded to `width`: no need to measure
+        # a virtual size change re-flows the whole screen: keep it at least the panel's height
+        size = Size(width, max(len(self._lines), self.inner_height))
+        if size != self.virtual_size:
+            self.virtual_size = size
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width, style = self.scrollable_content_region.width, self.rich_style
+        i = scroll_y + y
+        if i >= len(self._lines):
+            return Strip.blank(width, style)
+        return self._lines[i].crop_extend(scroll_x, scroll_x + width, style).apply_style(style)
+
+    def on_resize(self) -> None:
+        self.show(*self._shown)
+
+    def key(self, view: View) -> tuple:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def draw(self, view: View):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class SideBySide:
+    """Renderables in columns of fixed widths (None: the renderable's own width), drawn line by line.
+
+    Unlike a Table.grid it never measures its cells' content, so a 896-cell grid is built and drawn once.
+    """
+
+    def __init__(self, parts: list[tuple[object, int | None]], gap: int = COLUMN_GAP):
+        self.parts, self.gap = parts, gap
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions):
+        columns = []
+        for renderable, width in self.parts:
+            if width is None:
+                width = Measurement.get(console, options, renderable).maximum
+            lines = console.render_lines(renderable, options.update(width=width), pad=True)
+            columns.append((width, lines))
+        gap = Segment(" " * self.gap)
+        for y in range(max(len(lines) for _, lines in columns)):
+            for i, (width, lines) in enumerate(columns):
+                if i:
+                    yield gap
+                yield from lines[y] if y < len(lines) else [Segment(" " * width)]
+            yield Segment.line()
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        widths = [w if w is not None else Measurement.get(console, options, r).maximum for r, w in self.parts]
+        total = sum(widths) + self.gap * (len(widths) - 1)
+        return Measurement(total, total)
+
+
+# ---------------------------------------------------------------------------------------- routing
+
+
+def active_line(config: K3Config) -> Text:
+    """The sparsity in one line, computed for the preset shown (K3: 16 of 896 = 1.8%)."""
+    frac = config.top_k / config.num_experts
+    return Text(f"{config.top_k} of {config.num_experts} experts = {frac:.1%} of expert parameters active",
+                style="bold")
+
+
+def routing_headline(view: View) -> Text:
+    """One line for the compact layout, always on screen: what the selected layer routed this token to."""
+    cfg, r = view.config, view.frame.routing_for(view.layer)
+    if r is None:
+        return Text.assemble((f"layer {view.layer} is dense", "bold"),
+                             f": every token runs all of its MLP · MoE layers route {cfg.top_k} of "
+                             f"{cfg.num_experts} experts ({cfg.top_k / cfg.num_experts:.1%})")
+    ids = " ".join(str(int(e)) for e in r.expert_ids)
+    return Text.assemble((f"layer {view.layer}: {cfg.top_k} of {cfg.num_experts} experts", "bold"),
+                         f" ({cfg.top_k / cfg.num_experts:.1%}) → {ids}")
+
+
+class RoutingPanel(Panel):
+    """Sparse MoE: the expert grid, the top-k table, the load over the run (k3_facts.md §1c)."""
+
+    TITLE = "Routing"
+
+    def key(self, v: View) -> tuple:
+        return (v.session, v.step, v.layer, v.expert, v.compare)
+
+    def draw(self, v: View):
+        cfg, frame = v.config, v.frame
+        r = frame.routing_for(v.layer)
+        title = f"Routing · layer {v.layer}"
+        if r is None:
+            moe = cfg.moe_layers
+            hint = f"the MoE layers are {moe[0]}-{moe[-1]}" if moe else "this preset has no MoE layers"
+            return title + " (dense)", Text(
+                f"Layer {v.layer} uses a dense SiTU-GLU MLP (soft-capped SwiGLU), like K3's first layer: every "
+                f"token runs all of it, so nothing is routed and no experts are active here; {hint} (j/k change "
+                f"layer). In an MoE layer {cfg.top_k} of {cfg.num_experts} experts run per token.")
+        load = v.sim.expert_load(v.layer, upto=v.step)
+        left = [active_line(cfg), render.expert_grid(r, cfg.num_experts, legend=True)]
+        if v.expert >= 0:
+            left.append(_expert_line(r, load, v.expert))
+        if v.compare and v.step > 0:
+            prev = v.sim.frames[v.step - 1].routing_for(v.layer)
+            same = len(set(r.expert_ids.tolist()) & set(prev.expert_ids.tolist()))
+            left.append(Text(f"compare: {same} of {cfg.top_k} also chosen for the previous token", style="cyan"))
+        topk = render.topk_table(r)
+        topk.box = None                    # k = 16 rows fit the panel without the frame lines
+        loads = Group(Text(f"load over {plural(v.step + 1, 'token')}", style="bold"),
+                      render.expert_load_bars(load, top=min(12, cfg.num_experts), width=LOAD_BAR))
+        grid = min(cfg.num_experts, GRID_WIDTH)
+        if self.inner_width >= grid + TOPK_WIDTH + LOAD_WIDTH + 2 * COLUMN_GAP:   # grid | top-k | load
+            row = SideBySide([(Group(*left), grid), (topk, None), (loads, LOAD_WIDTH)])
+        elif self.inner_width >= grid + TOPK_WIDTH + COLUMN_GAP:                   # load under the grid
+            row = SideBySide([(Group(*left, loads), grid), (topk, None)])
+        else:                                                                      # one column
+            row = Group(*left, topk, loads)
+        return title + " (MoE)", row
+
+
+def _expert_line(r, load: np.ndarray, expert: int) -> Text:
+    ids = r.expert_ids.tolist()
+    chosen = (f"chosen #{ids.index(expert)}, weight {float(r.weights[ids.index(expert)]):.3f}"
+              if expert in ids else "not chosen")
+    return Text(f"expert {expert}: score {float(r.scores[expert]):.3f}, bias {float(r.bias[expert]):+.4f}, "
+                f"{chosen}, load {int(load[expert])}", style="yellow")
+
+
+# ---------------------------------------------------------------------------------------- state
+
+
+class StatePanel(Panel):
+    """KDA: the K x V delta-rule state of one head, its decay and write strength (kda.md §2)."""
+
+    TITLE = "Recurrent state"
+
+    def key(self, v: View) -> tuple:
+        return (v.session, v.step, v.layer, v.head, v.compare)
+
+    def draw(self, v: View):
+        cfg, layer = v.config, v.kda_layer
+        if layer is None:
+            return "Recurrent state", Text("This preset has no KDA layers.")
+        rec = v.frame.kda_for(layer)
+        h = min(v.head, cfg.kda_heads - 1)
+        per_head = state_bytes_fixed(cfg).state // (len(cfg.kda_layers) * cfg.kda_heads)
+        title = f"State · KDA layer {layer} · head {h}"
+        parts = []
+        if v.compare:
+            twin_layer = v.frame.memory.twin_kv_bytes // max(cfg.num_layers, 1)
+            parts.append(Text(f"compare: in the all-softmax twin this layer is MLA and caches "
+                              f"{format_bytes(twin_layer)} at {plural(v.frame.position + 1, 'token')}, + "
+                              f"{cfg.mla_cache_width * cfg.dtype_bytes} B per token", style="cyan"))
+        if layer != v.layer:
+            parts.append(Text(f"layer {v.layer} is gated MLA (softmax, a growing KV cache, no recurrent state); "
+                              f"showing the KDA layer below it.", style="italic"))
+        hist = v.sim.state_norm_history(layer, h, upto=v.step)
+        bars = render.decay_beta_bars(rec, h, width=12)
+        # the bars' third column holds the long explanations: one line each, cut with "…" to what is left
+        # of the panel after the label column ("decay α" + gap) and the K-cell sparkline
+        label_and_gaps = len("decay α") + 2
+        for column in bars.columns[2:]:
+            column.no_wrap, column.overflow = True, "ellipsis"
+            column.max_width = max(8, self.inner_width - label_and_gaps - max(cfg.kda_head_dim, 12))
+        top = Table.grid(padding=(0, 1))
+        top.add_column(style="bold", no_wrap=True, min_width=len("write"))
+        top.add_column(no_wrap=True, min_width=len("0.0000"))
+        top.add_column(no_wrap=True, overflow="ellipsis", style="dim", ratio=1)
+        spark_room = max(8, self.inner_width - len("write 0.0000 "))   # after the label and value columns
+        top.add_row("‖S‖", f"{float(rec.state_norm[h]):.4f}", render.sparkline(hist[-spark_room:], lo=0.0))
+        # the delta-rule write of this token: what it changed beyond decaying the old state (kda.md §2)
+        top.add_row("write", f"{float(rec.correction_norm[h]):.4f}", "the delta-rule write")
+        top.add_row("size", format_bytes(per_head), "fixed, every token")
+        parts += [
+            top,
+            render.state_heatmap(rec.state[h].astype(np.float32)),
+            bars,
+        ]
+        return title, Group(*parts)
+
+
+# ---------------------------------------------------------------------------------------- memory
+
+
+def crossover_tokens(config: K3Config) -> int | None:
+    """The first token count at which the hybrid's cache is smaller than its all-MLA twin's (sim.memory's
+    analytic bytes, which equal the measured ones): the fixed KDA states are a head start that the twin's
+    faster-growing KV cache overtakes (k3_facts.md §5a). None when it never does (no KDA layers)."""
+    twin = config.twin()
+
+    def smaller(n: int) -> bool:
+        return sum(cache_bytes(config, n)) < sum(cache_bytes(twin, n))
+
+    hi = 1
+    while not smaller(hi):                  # both grow linearly: double until past it, then bisect
+        if hi > MIB_CONTEXT * 1024:
+            return None
+        hi *= 2
+    lo = hi // 2                            # smaller(lo) is False (or lo == 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if smaller(mid) else (mid, hi)
+    return hi
+
+
+def crossover_line(config: K3Config, tokens: int) -> Text:
+    n = crossover_tokens(config)
+    if n is None:
+        return Text("no KDA layers here: hybrid and twin grow alike", style="bold")
+    if tokens < n:
+        return Text.assemble(("hybrid larger until token ", "bold yellow"), (f"{n:,}", "bold yellow"),
+                             f" (now {tokens:,}); r: watch it cross")
+    return Text.assemble(("hybrid smaller since token ", "bold green"), (f"{n:,}", "bold green"),
+                         ": from here the twin only pulls away")
+
+
+def memory_table(frame: Frame, config: K3Config, bar_width: int) -> Table:
+    """Measured bytes of this run, then K3 at as many tokens and at 1M: hybrid, twin, the ratio twin ÷ hybrid."""
+    n = frame.position + 1
+    now, far = project_to_k3(n), project_to_k3(MIB_CONTEXT)
+    t = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), show_edge=False)   # one cell between columns
+    t.add_column("", no_wrap=True)
+    t.add_column("hybrid", justify="right", style="green", no_wrap=True)
+    t.add_column("twin", justify="right", style="blue", no_wrap=True)
+    t.add_column("twin ÷ hybrid", justify="right", no_wrap=True)
+    if bar_width:
+        t.add_column("", no_wrap=True)
+    rows = [("this run", frame.memory.total_bytes, frame.memory.twin_kv_bytes), ("K3 now", now.hybrid, now.twin),
+            ("K3 at 1M", far.hybrid, far.twin)]
+    for title, hybrid, twin in rows:
+        ratio = "-" if not hybrid else f"{twin / hybrid:.2f}x" if twin >= 0.1 * hybrid else f"{twin / hybrid:.2g}x"
+        cells = [title, format_bytes(hybrid), format_bytes(twin), ratio]
+        if bar_width:
+            top = max(hybrid, twin, 1)
+            cells.append(Text.assemble((render.bar(hybrid / top, bar_width), "green"), "\n",
+                                       (render.bar(twin / top, bar_width), "blue")))
+        t.add_row(*cells)
+    return t
+
+
+class MemoryPanel(Panel):
+    """Cache bytes: the hybrid's fixed KDA states + MLA latents vs the all-softmax twin (k3_facts.md §5a).
+
+    Top to bottom in order of importance, so a short panel cuts only the details: the fixed state, the
+    crossover, the table (this run, K3 now, K3 at 1M), the two histories.
+    """
+
+    TITLE = "Memory"
+
+    def key(self, v: View) -> tuple:
+        return (v.session, v.step, v.compare)
+
+    def draw(self, v: View):
+        cfg, frame = v.config, v.frame
+        tokens = frame.position + 1
+        fixed = state_bytes_fixed(cfg)
+        parts = [
+            Text.assemble(("state fixed at ", "bold"), (format_bytes(fixed.total), "bold green"),
+                          ", the same at 1 token and at 1M"),
+            crossover_line(cfg, tokens),
+        ]
+        if v.compare:                      # what the learner just asked for goes on top, in view
+            parts.insert(0, _per_layer_table(cfg, frame))
+        # the bars column only when it fits beside the label and three numbers (about 44 cells)
+        bar_width = min(20, self.inner_width - 46) if self.inner_width >= 46 + 8 else 0
+        parts.append(memory_table(frame, cfg, bar_width))
+        hist = v.sim.memory_history(upto=v.step)
+        hybrid = (hist["kv_bytes"] + hist["state_bytes"])[-SPARK_WIDTH:]
+        twin = hist["twin_kv_bytes"][-SPARK_WIDTH:]
+        top = float(max(hybrid.max(), twin.max(), 1))   # one scale for both: the twin climbs faster
+        spark = Table.grid(padding=(0, 1))
+        spark.add_row(Text("hybrid", style="bold green"), render.sparkline(hybrid, 0.0, top))
+        spark.add_row(Text("twin", style="bold blue"), render.sparkline(twin, 0.0, top))
+        measured = saved_line()            # this machine's `python -m sim measure --save`, when there is one
+        if measured:
+            parts.append(Text(measured, style="italic cyan"))
+        parts += [Text(f"last {plural(len(hybrid), 'token')}, one scale:", style="dim"), spark,
+                  Text(f"the state: {len(cfg.kda_layers)} KDA layers x {cfg.kda_heads} heads x {cfg.kda_head_dim}x"
+                       f"{cfg.kda_head_dim} fp32 + conv tails", style="dim")]
+        return f"Memory · {plural(tokens, 'token')}", Group(*parts)
+
+
+def _per_layer_table(cfg: K3Config, frame: Frame) -> Group:
+    table = Table(box=None, padding=(0, 1), pad_edge=False)
+    table.add_column("layers")
+    table.add_column("hybrid", justify="right")
+    table.add_column("twin", justify="right")
+    twin_each = frame.memory.twin_kv_bytes // max(cfg.num_layers, 1)
+    lb = frame.memory.layer_bytes
+    for kind, layers in (("KDA", cfg.kda_layers), ("MLA", cfg.mla_layers)):
+        if layers:
+            each = lb[layers[0]] if lb else 0
+            table.add_row(f"{len(layers)} {kind}", f"{format_bytes(each)} each", f"{format_bytes(twin_each)} each")
+    return Group(Text("compare: bytes per layer, hybrid vs twin", style="cyan"), table)
+
+
+# ---------------------------------------------------------------------------------------- depth
+
+
+@lru_cache(maxsize=16)
+def source_names(residual: str, block_size: int, reads: int) -> tuple[tuple[str, ...], ...]:
+    """The names of the sources each of `reads` depth reads sees, in execution order (read j comes after
+    j sublayer outputs): DepthStream's own bookkeeping, replayed with placeholder numbers."""
+    stream = DepthStream(0.0, residual, block_size)
+    names = []
+    for _ in range(reads):
+        names.append(tuple(stream.source_names()))
+        stream.add(0.0)
+    return tuple(names)
+
+
+def depth_map(frame: Frame, config: K3Config, lo: int, rows: int) -> Text:
+    """AttnRes depth weights, rows lo..lo+rows of the token's depth reads, one column per named source.
+
+    Columns: emb (the embedding), b1, b2, ... (completed block sums), partial (the open block's running
+    sum, if the read has one). Each row's weights sum to 1; a cell's shade is its weight on a 0..1 scale.
+    """
+    reads = [d for d in frame.depth if d.weights.size]
+    names = source_names(config.residual, config.attnres_block_size, len(reads))
+    blocks = max(sum(n.startswith("b") for n in row) for row in names)
+    columns = ["emb"] + [f"b{i}" for i in range(1, blocks + 1)] + ["partial"]
+    label_w = len(f"L{config.num_layers - 1} attn")
+    cell = max(len(c) for c in columns[:-1])      # "emb", "b1".. right-aligned in 3 cells over 2 shade cells
+    out = Text(no_wrap=True, overflow="crop")
+    out.append(" " * label_w + "".join(c.rjust(cell) for c in columns[:-1]) + " " + columns[-1] + "\n",
+               style="bold")
+    for d, row_names in list(zip(reads, names))[lo:lo + rows]:
+        label = "out" if d.site == "out" else f"L{d.layer} {d.site}"
+        out.append(label.rjust(label_w))
+        by_name = dict(zip(row_names, d.weights.tolist()))
+        for c in columns:
+            w = by_name.get(c)
+            if w is None:
+                out.append("·".rjust(cell), style="dim")
+            else:
+                out.append(" " + _shade_glyph(w) * (cell - 1), style=_weight_style(w))
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def _shade_glyph(w: float) -> str:
+    """A weight in [0, 1] as one of render.SHADES ' ░▒▓█', so the map reads without colour too."""
+    shades = render.SHADES
+    return shades[min(len(shades) - 1, 1 + int(w * (len(shades) - 1)))] if w > 0 else shades[0]
+
+
+def _weight_style(w: float) -> str:
+    """Green by weight: dark at 0, bright at 1 (render.WEIGHT_HIGH)."""
+    r, g, b = (round(lo + (hi - lo) * min(max(w, 0.0), 1.0)) for lo, hi in zip(render.DARK, render.WEIGHT_HIGH))
+    return f"rgb({r},{g},{b})"
+
+
+class DepthPanel(Panel):
+    """Attention Residuals: how each sublayer mixes the depth sources, and |h| by depth (attnres.md §2)."""
+
+    TITLE = "Depth"
+
+    def key(self, v: View) -> tuple:
+        return (v.session, v.step, v.layer, None if v.sublayer is None else v.sublayer.index, v.compare,
+                self.inner_height)
+
+    def draw(self, v: View):
+        frame, cfg = v.frame, v.config
+        reads = [d for d in frame.depth if d.weights.size]
+        parts = []
+        if v.compare:
+            parts.append(Text("compare: a standard residual gives every source weight 1 (a fixed sum); "
+                              "zero-initialised AttnRes starts uniform (1/N) and learns to differ", style="cyan"))
+        if v.sublayer is not None:
+            parts += _stepped_in(v)
+        title = (f"Depth · weights 0 {render.SHADES[1:]} 1" if v.sublayer is None
+                 else f"Depth · {v.sublayer.label}")
+        if not reads:
+            return title, Group(*parts, Text("standard residual: every sublayer reads the plain running sum "
+                                             "(no depth weights)."))
+        # the legend first, so a short panel never cuts it: what the rows, columns and shades mean
+        parts.append(Text("emb embedding · bN block sums · partial the open block", style="dim"))
+        console = self.app.console
+        above = len(console.render_lines(Group(*parts), console.options.update(width=self.inner_width)))
+        # what is left for map rows: the panel less the lines above, the column names, the window line, |h|
+        rows = max(4, self.inner_height - above - 3)
+        lo = max(0, min(2 * v.layer - rows // 2, len(reads) - rows))   # reads 2L and 2L+1 are layer L's
+        window = "" if len(reads) <= rows else f"rows {lo}-{min(lo + rows, len(reads)) - 1} of {len(reads)} (j/k move)"
+        parts.append(depth_map(frame, cfg, lo, rows))
+        if window:
+            parts.append(Text(window, style="dim"))
+        norms = np.array([d.h_norm for d in frame.depth], dtype=np.float32)
+        parts.append(Text.assemble(("|h| by depth ", "bold"),
+                                   render.sparkline(_resample(norms, max(8, self.inner_width - 14)))))
+        return title, Group(*parts)
+
+
+def _stepped_in(v: View) -> list:
+    sub, subs = v.sublayer, v.sublayers
+    lo = max(0, min(sub.index - 2, len(subs) - 5))
+    lines = Text()
+    for s in subs[lo:lo + 5]:
+        here = s.index == sub.index
+        lines.append(f"{'▶' if here else ' '} {s.index:>3}  {s.label}\n", style="reverse bold" if here else "")
+    parts = [Text(f"inside token {quoted(v.frame.input_text)} (pos {v.frame.position}): sublayer {sub.index} of "
+                  f"{len(subs) - 1}; j/k move, o steps out", style="bold"), lines]
+    detail = Table.grid(padding=(0, 1))
+    if sub.depth is not None:
+        detail.add_row("input |h|", f"{sub.depth.h_norm:.4f}")
+    if sub.kind != "head":
+        detail.add_row("output |v|" if sub.kind != "embed" else "embedding |x|", f"{sub.out_norm:.4f}")
+    if sub.routing is not None:
+        detail.add_row("experts", " ".join(str(int(e)) for e in sub.routing.expert_ids))
+    if sub.kda is not None:
+        detail.add_row("state |S|", " ".join(f"h{h} {float(n):.3f}" for h, n in enumerate(sub.kda.state_norm)))
+    if sub.top:
+        detail.add_row("next", "  ".join(f"{quoted(text)} {p:.2f}" for _, text, p in sub.top))
+    weights = sub.depth.weights if sub.depth is not None else ()
+    if len(weights):
+        reads = [d for d in v.frame.depth if d.weights.size]
+        j = next(i for i, d in enumerate(reads) if d is sub.depth)
+        names = source_names(v.config.residual, v.config.attnres_block_size, len(reads))[j]
+        detail.add_row(Text("AttnRes", style="bold"), Text("weights over the depth sources", style="bold"))
+        for name, w in zip(names, weights):
+            detail.add_row(f"  {name}", Text(f"{float(w):.3f} " + "█" * int(round(float(w) * 20)), style="magenta"))
+    parts.append(detail)
+    return parts
+
+
+def _resample(values: np.ndarray, width: int) -> np.ndarray:
+    """At most `width` values (max over equal chunks), so 187 sublayers still fit one line."""
+    if len(values) <= width:
+        return values
+    edges = np.linspace(0, len(values), width + 1).astype(int)
+    return np.array([values[a:b].max() for a, b in zip(edges[:-1], edges[1:])])
+
+
+# ---------------------------------------------------------------------------------------- tokens
+
+
+def timeline_text(frames: list[Frame], prompt_len: int, step: int, visited: int, width: int) -> Text:
+    """The tokens around the cursor that fit `width`: prompt dim, generated bold, cursor reversed.
+
+    Only frames up to `visited` are shown (the rest is look-ahead the learner has not asked for).
+    """
+    end = min(visited, len(frames) - 1)
+    pieces, used = [], 0
+    for i in range(end, -1, -1):
+        f = frames[i]
+        style = "reverse bold yellow" if i == step else ("dim" if i < prompt_len else "bold")
+        if i > step:
+            style = "dim italic"
+        pieces.append((f.input_text, style))
+        used += len(f.input_text)
+        if used > width - 12 and i < step - 4:   # keep 12 cells for " → " and the next token
+            break
+    pieces.reverse()
+    text = Text.assemble(*pieces)
+    if end == step:
+        text.append(" → ", style="dim")
+        text.append(frames[end].token_text, style="bold green")
+    return text
+

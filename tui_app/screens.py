@@ -1,0 +1,88 @@
+"""Modal screens: edit the prompt, switch preset, the help. Each returns its answer with `dismiss`."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+from tiny_k3.config import K3Config
+
+from .help import HELP
+
+
+class PromptScreen(ModalScreen[str | None]):
+    """A new prompt (Enter) or nothing (Escape)."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, prompt: str, max_len: int):
+        super().__init__()
+        self.prompt, self.max_len = prompt, max_len
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="prompt-box", classes="dialog"):
+            yield Static(f"[b]Prompt[/b]: each UTF-8 byte is a token; this preset holds {self.max_len:,} tokens in "
+                         f"all, so up to {self.max_len - 2:,} bytes leave room to generate. Enter runs it, "
+                         f"Escape cancels.", classes="dialog-label")
+            yield Input(value=self.prompt, id="prompt-input", select_on_focus=False)
+
+    def on_mount(self) -> None:
+        self.query_one(Input).cursor_blink = False
+
+    @on(Input.Submitted)
+    def submit(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class PresetScreen(ModalScreen[str | None]):
+    """Another preset (Enter) or nothing (Escape). It opens on the preset after the current one, so Enter
+    always switches; the current one is marked."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, current: str):
+        super().__init__()
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        options = []
+        for name in K3Config.runnable_presets():
+            c = K3Config.preset(name)
+            mark = " (current)" if name == self.current else ""
+            options.append(Option(f"{name:<12} {c.num_layers:>3} layers, {c.top_k} of {c.num_experts} experts, "
+                                  f"d={c.hidden_size}{mark}", id=name))
+        with Vertical(id="preset-box", classes="dialog"):
+            yield Static("[b]Switch preset[/b] (k3 itself is only counted, never run). Enter picks, Escape "
+                         "cancels.", classes="dialog-label")
+            yield OptionList(*options, id="preset-list")
+
+    def on_mount(self) -> None:
+        names = K3Config.runnable_presets()
+        here = names.index(self.current) if self.current in names else -1
+        self.query_one(OptionList).highlighted = (here + 1) % len(names)
+
+    @on(OptionList.OptionSelected)
+    def pick(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-box", classes="dialog"):
+            yield Static(HELP, id="help-text")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
