@@ -233,7 +233,7 @@ SHIPPED = sorted(WEIGHTS_DIR.glob("*.safetensors"))
 def test_shipped_checkpoints_are_small_documented_and_trained():
     assert sum(p.stat().st_size for p in WEIGHTS_DIR.iterdir()) < 20e6
     names = {p.stem for p in SHIPPED}
-    assert {"small", "small-twin"} <= names
+    assert {"small", "small-twin", "small-kda"} <= names
     rows = heldout_rows(128)[:4]
     for path in SHIPPED:
         info = json.loads(path.with_suffix(".json").read_text())

@@ -209,7 +209,7 @@ class K3Config:
 ALL_KDA_ABLATIONS = ("small-kda",)
 
 DEFAULT_PRESET = "small"
-DEFAULT_PROMPT = "key=7; 3+4="   # the TUI's, the CLIs' and the lessons' prompt
+DEFAULT_PROMPT = "b=5; z=1; a red box. | z="   # a recall query the shipped small answers (tests/test_default_prompt.py)
 
 # K3's lineage in the same config language (docs/lineage.md): the documented exception to "every preset keeps
 # 56:1, K3's schedule, 2 shared experts, latent MoE, SiTU-GLU and Block AttnRes" -- each keeps its own family's

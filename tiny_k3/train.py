@@ -1,16 +1,17 @@
 """Train a tiny K3 on the synthetic corpus; this is what makes the shipped checkpoints.
 
-    python -m tiny_k3.train --preset small --steps 900 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-twin --steps 900 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-kda --steps 900 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small --steps 700 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-twin --steps 700 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-kda --steps 700 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
 
-(the commands of the shipped checkpoints: the same data, seed and schedule; about 32 CPU-minutes each, so the
-three run side by side in about 50 minutes on 2 cores). `<preset>-twin` is the all-softmax twin of a preset;
+(the commands of the shipped checkpoints: the same data, seed and schedule; about 23 CPU-minutes each, so the
+three run side by side in about 40 minutes on 2 cores). `<preset>-twin` is the all-softmax twin of a preset;
 --residual and --no-bias-update make ablations.
 
-The data (tiny_k3.data) follow a curriculum: recall lines carry at most 24, 64, 128, then 200 characters of
-filler in the four quarters of the run, and the bytes a line determines (recalled values, sums' results) weigh
-10x in the loss. The log reports exact recall at 4 pairs and 64 characters of filler (tiny_k3.recall).
+The data (tiny_k3.data) follow CURRICULUM, one stage per quarter of the run: recall-only lines of 1-4 pairs
+and at most 16 characters of filler, then 80 % recall with up to 64, then the whole corpus with up to 128 and
+200 (rows of 128 bytes in the first half, 256 in the second); the bytes a line determines (recalled values,
+sums' results) weigh 10x in the loss. The log reports exact recall at 4 pairs and 64 characters of filler (tiny_k3.recall).
 
 One step: a batch of line-aligned windows (BOS + up to seq_len bytes), weighted next-byte cross-entropy, AdamW with
 warm-up and cosine decay, gradient clipping, then the aux-loss-free selection-bias update of every MoE router
