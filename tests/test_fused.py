@@ -119,3 +119,21 @@ def test_latent_moe_fused_projection_equals_the_separate_modules():
         fused = moe(x)
     torch.testing.assert_close(fused, reference.detach(), atol=1e-14, rtol=0)
     torch.testing.assert_close(fused, moe.dense_reference(x).detach(), atol=1e-12, rtol=0)
+
+
+def test_gated_mla_fused_projection_equals_the_separate_modules():
+    from tiny_k3.mla import GatedMLA
+
+    for q_lora_rank in (None, 16):
+        torch.manual_seed(0)
+        mla = GatedMLA(K3Config.preset("tiny", q_lora_rank=q_lora_rank), dtype=F64)
+        x = torch.randn(2, 5, mla.o_proj.out_features, dtype=F64)
+        y_ref, cache_ref = mla(x[:, :3])                        # autograd on: the separate projections
+        y2_ref, _ = mla(x[:, 3:], cache_ref)
+        with torch.no_grad():
+            y, cache = mla(x[:, :3])
+            y2, _ = mla(x[:, 3:], cache)
+            y_one = torch.cat([mla(x[:, t:t + 1], c)[0] for t, c in [(3, cache)]], 1)  # a decode step (T = 1)
+        torch.testing.assert_close(y, y_ref.detach(), atol=1e-14, rtol=0)
+        torch.testing.assert_close(y2, y2_ref.detach(), atol=1e-14, rtol=0)
+        torch.testing.assert_close(y_one, y2_ref.detach()[:, :1], atol=1e-14, rtol=0)

@@ -17,6 +17,7 @@ from torch import nn
 
 from .cache import MLACache
 from .config import K3Config
+from .fused import FusedLinears
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -40,17 +41,21 @@ class GatedMLA(nn.Module):
         self.kv_b_proj = nn.Linear(c.kv_lora_rank, c.mla_heads * (c.qk_nope_dim + c.v_head_dim), bias=False, **kw)
         self.g_proj = nn.Linear(c.hidden_size, c.mla_heads * c.v_head_dim, bias=False, **kw)
         self.o_proj = nn.Linear(c.mla_heads * c.v_head_dim, c.hidden_size, bias=False, **kw)
+        # Inference cache (tiny_k3/fused.py): the three projections that read x, as one matmul.
+        self._x_proj = FusedLinears((self.kv_a_proj,), (self.q_proj or self.q_a_proj,), (self.g_proj,))
 
-    def project_q(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, D] -> q [B, T, H, nope + rope]."""
-        q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_norm(self.q_a_proj(x)))
+    def project_q(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] -> q [B, T, H, nope + rope]. first: q_proj(x) or q_a_proj(x) when already computed."""
+        first = (self.q_proj or self.q_a_proj)(x) if first is None else first
+        q = first if self.q_proj is not None else self.q_b_proj(self.q_norm(first))
         return q.view(*x.shape[:2], self.heads, self.nope + self.rope)
 
     def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder: Recorder = NO_RECORDER,
                 layer: int = 0) -> tuple[torch.Tensor, MLACache]:
         """x [B, T, D] (already RMS-normed) -> (y [B, T, D], cache grown by T tokens)."""
         B, T, _ = x.shape
-        latent, k_rope = self.kv_a_proj(x).split([self.kv_rank, self.rope], dim=-1)
+        kv, q_first, gate = self._x_proj(x)                     # W_kva x, W_q(a) x, W_g x
+        latent, k_rope = kv.split([self.kv_rank, self.rope], dim=-1)
         latent = self.kv_norm(latent)
         past = 0 if cache is None else cache.length
         if cache is not None:
@@ -62,14 +67,15 @@ class GatedMLA(nn.Module):
         k_nope, v = self.kv_b_proj(latent).view(B, S, self.heads, self.nope + self.v_dim).split(
             [self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, self.heads, self.rope)], dim=-1)
-        q = self.project_q(x)
+        q = self.project_q(x, q_first)
 
         scores = torch.einsum("bthd,bshd->bhts", q, k) * self.scale
-        # Query t sits at absolute position past + t and may see keys 0 .. past + t.
-        causal = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        if T > 1:  # query t sits at absolute position past + t and may see keys 0 .. past + t (decode: all S)
+            causal = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
+            scores = scores.masked_fill(~causal, float("-inf"))
+        probs = scores.softmax(dim=-1)
         attn = torch.einsum("bhts,bshd->bthd", probs, v)
-        gate = torch.sigmoid(self.g_proj(x)).view(B, T, self.heads, self.v_dim)
+        gate = torch.sigmoid(gate).view(B, T, self.heads, self.v_dim)
         y = self.o_proj((attn * gate).reshape(B, T, self.heads * self.v_dim))
         recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
         return y, MLACache(latent, k_rope)
