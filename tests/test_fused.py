@@ -16,9 +16,17 @@ def _linears(*sizes, d=6):
     return [nn.Linear(d, n, bias=False, dtype=F64) for n in sizes]
 
 
+class _Owner(nn.Module):
+    def __init__(self, *layers):
+        super().__init__()
+        for name, layer in zip("abc", layers):
+            setattr(self, name, layer)
+
+
 def test_fused_linears_equal_the_separate_layers_and_follow_every_change():
     a, b, c = _linears(3, 4, 2)
-    fused = FusedLinears((a, b), (c,))
+    owner = _Owner(a, b, c)
+    fused = FusedLinears(owner, ("a", "b"), ("c",))
     x = torch.randn(2, 5, 6, dtype=F64)
     with torch.no_grad():
         ab, cx = fused(x)
@@ -30,19 +38,24 @@ def test_fused_linears_equal_the_separate_layers_and_follow_every_change():
         torch.testing.assert_close(fused(x)[1], x.sum(-1, keepdim=True).expand(2, 5, 2), atol=1e-13, rtol=0)
         b.weight = nn.Parameter(torch.zeros(4, 6, dtype=F64))   # a replaced tensor (.to(), assign=True)
         assert fused(x)[0][..., 3:].abs().max() == 0
+        owner.c = nn.Identity()                             # a swapped layer: the layers run one by one
+        torch.testing.assert_close(fused(x)[1], x, atol=0, rtol=0)
+        owner.c = c
     # with autograd the separate layers run, so every weight gets its gradient
     fused(x)[0].sum().backward()
     assert a.weight.grad is not None and b.weight.grad is not None and c.weight.grad is None
 
 
-def test_fused_linears_reject_what_they_cannot_fuse():
-    with pytest.raises(ValueError, match="bias-free"):
-        FusedLinears((nn.Linear(3, 3),))
+def test_fused_linears_leave_a_layer_with_bias_to_itself():
+    owner = _Owner(nn.Linear(3, 2), nn.Linear(3, 4, bias=False))
+    with torch.no_grad():
+        ya, yb = FusedLinears(owner, ("a",), ("b",))(torch.ones(1, 3))
+        torch.testing.assert_close(ya, owner.a(torch.ones(1, 3)), atol=0, rtol=0)
 
 
 def test_cached_cat_rebuilds_only_when_a_part_changed():
     a, b = _linears(3, 4)
-    cat = CachedCat((a, b))
+    cat = CachedCat(_Owner(a, b), ("a", "b"))
     first = cat()
     assert cat() is first                                      # unchanged parts: the same tensor, no copy
     with torch.no_grad():

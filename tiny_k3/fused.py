@@ -20,16 +20,17 @@ def autograd_needed(tensors) -> bool:
 
 
 class CachedCat:
-    """cat([m.<name> for m in modules], dim), kept between calls. The tensors are looked up on every call
-    (`.to()` or `load_state_dict(assign=True)` replace them), and a deep copy follows the copied modules."""
+    """cat([owner.<name>.<attr> for name in names], dim), kept between calls. Everything is looked up on the
+    owner at every call (a submodule may be swapped, `.to()` replaces the tensors), and a deep copy of the
+    owner follows the copy."""
 
-    def __init__(self, modules: tuple[nn.Module, ...], name: str = "weight", dim: int = 0):
-        self.modules, self.name, self.dim = modules, name, dim
+    def __init__(self, owner: nn.Module, names: tuple[str, ...], attr: str = "weight", dim: int = 0):
+        self.owner, self.names, self.attr, self.dim = owner, names, attr, dim
         self._key: tuple | None = None
         self._value: torch.Tensor | None = None
 
     def parts(self) -> list[torch.Tensor]:
-        return [getattr(m, self.name) for m in self.modules]
+        return [getattr(getattr(self.owner, name), self.attr) for name in self.names]
 
     def __call__(self) -> torch.Tensor:
         parts = self.parts()
@@ -42,19 +43,24 @@ class CachedCat:
 
 
 class FusedLinears:
-    """x [..., D] -> one output per group of bias-free Linear layers sharing D: group g gives
+    """x [..., D] -> one output per group of the owner's Linear layers (named) that read x: group g gives
     cat([x W^T for W in g], -1). A plain object, not an nn.Module: nothing joins state_dict or modules().
+    Where a named layer is no longer a bias-free nn.Linear (swapped for something else), the layers run
+    one by one, exactly as without the fusion.
     """
 
-    def __init__(self, *groups: tuple[nn.Linear, ...]):
-        linears = [m for group in groups for m in group]
-        if not linears or any(not isinstance(m, nn.Linear) or m.bias is not None for m in linears):
-            raise ValueError("FusedLinears takes groups of one or more bias-free nn.Linear layers.")
-        self.groups = groups
-        self.sizes = [sum(m.out_features for m in group) for group in groups]
-        self.weight = CachedCat(tuple(linears))
+    def __init__(self, owner: nn.Module, *groups: tuple[str, ...]):
+        self.owner, self.groups = owner, groups
+        self.weight = CachedCat(owner, tuple(name for group in groups for name in group))
+
+    def _layers(self) -> list[list[nn.Module]]:
+        return [[getattr(self.owner, name) for name in group] for group in self.groups]
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if autograd_needed(m.weight for group in self.groups for m in group):
-            return [torch.cat([m(x) for m in group], -1) if len(group) > 1 else group[0](x) for group in self.groups]
-        return list(F.linear(x, self.weight()).split(self.sizes, -1))
+        layers = self._layers()
+        flat = [m for group in layers for m in group]
+        if (any(not isinstance(m, nn.Linear) or m.bias is not None for m in flat)
+                or autograd_needed(m.weight for m in flat)):
+            return [torch.cat([m(x) for m in group], -1) if len(group) > 1 else group[0](x) for group in layers]
+        sizes = [sum(m.out_features for m in group) for group in layers]
+        return list(F.linear(x, self.weight()).split(sizes, -1))

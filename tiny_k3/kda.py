@@ -382,8 +382,8 @@ class KDALayer(nn.Module):
         self.o_proj = nn.Linear(H * K, D, bias=False, **kw)
         self.reset_gate_parameters()
         # Inference caches (tiny_k3/fused.py): the projections of x as one matmul, the three conv weights as one.
-        self._in_proj = FusedLinears((self.q_proj, self.k_proj, self.v_proj), (self.f_a_proj,), (self.b_proj,))
-        self._conv_weight = CachedCat((self.q_conv, self.k_conv, self.v_conv))
+        self._in_proj = FusedLinears(self, ("q_proj", "k_proj", "v_proj"), ("f_a_proj",), ("b_proj",))
+        self._conv_weight = CachedCat(self, ("q_conv", "k_conv", "v_conv"))
 
     @torch.no_grad()
     def reset_gate_parameters(self) -> None:

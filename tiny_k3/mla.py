@@ -42,7 +42,8 @@ class GatedMLA(nn.Module):
         self.g_proj = nn.Linear(c.hidden_size, c.mla_heads * c.v_head_dim, bias=False, **kw)
         self.o_proj = nn.Linear(c.mla_heads * c.v_head_dim, c.hidden_size, bias=False, **kw)
         # Inference cache (tiny_k3/fused.py): the three projections that read x, as one matmul.
-        self._x_proj = FusedLinears((self.kv_a_proj,), (self.q_proj or self.q_a_proj,), (self.g_proj,))
+        self._x_proj = FusedLinears(self, ("kv_a_proj",), ("q_proj" if self.q_proj is not None else "q_a_proj",),
+                                    ("g_proj",))
 
     def project_q(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, D] -> q [B, T, H, nope + rope]. first: q_proj(x) or q_a_proj(x) when already computed."""
