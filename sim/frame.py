@@ -7,12 +7,12 @@ execution order: for each layer, the attention sublayer then the MLP sublayer, t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RoutingRecord:
     """One MoE sublayer's choice for this token."""
 
@@ -23,7 +23,7 @@ class RoutingRecord:
     weights: np.ndarray       # [k] float32, renormalised unbiased scores (x routed_scaling)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KDARecord:
     """One KDA layer after this token (state per head, key-major)."""
 
@@ -35,7 +35,7 @@ class KDARecord:
     correction_norm: np.ndarray  # [H] float32 ||S_t - Diag(alpha_t) S_{t-1}||_F: the delta-rule write
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DepthRecord:
     """One Attention Residuals read: the input of a sublayer (or of the head, site "out")."""
 
@@ -45,7 +45,7 @@ class DepthRecord:
     h_norm: float             # RMS of the sublayer input h
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SublayerRecord:
     layer: int
     site: str                 # "attn" or "mlp"
@@ -53,7 +53,7 @@ class SublayerRecord:
     out_norm: float           # RMS of the sublayer output v
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemoryRecord:
     """Decode-cache bytes after this token, measured from the live tensors."""
 
@@ -65,6 +65,37 @@ class MemoryRecord:
     @property
     def total_bytes(self) -> int:
         return self.kv_bytes + self.state_bytes
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How the token after a frame is chosen: forced (a given token id) or sampled from the frame's logits.
+
+    Sampling uses (temperature, seed) at the frame's position (`sim.session.sample_token`); temperature 0
+    is the argmax, where the seed plays no part.
+    """
+
+    token: int | None = None          # the forced token id; None when sampled
+    temperature: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def forced(cls, token: int) -> "Choice":
+        return cls(token=token)
+
+    @classmethod
+    def sampled(cls, temperature: float, seed: int) -> "Choice":
+        return cls(temperature=temperature, seed=seed)
+
+    @property
+    def is_forced(self) -> bool:
+        return self.token is not None
+
+    def same_as(self, other: "Choice") -> bool:
+        """Both choose the same way; two argmax choices agree whatever their seeds."""
+        if not self.is_forced and not other.is_forced and self.temperature == other.temperature == 0:
+            return True
+        return self == other
 
 
 @dataclass(frozen=True)
@@ -84,9 +115,21 @@ class Frame:
     memory: MemoryRecord
     step_ms: float            # wall time of the hybrid's decode step (with recording)
     twin_step_ms: float       # wall time of the twin's decode step
-    forced: bool = False      # the token was forced by the user, not sampled
-    extra: dict = field(default_factory=dict, compare=False)
+    forced: bool = False      # the token was forced (the next prompt token, or by the user), not sampled
     embed_norm: float = 0.0   # RMS of the input token's embedding (the first depth source)
+    prompt: bool = False      # a prompt frame (its token_id is the next prompt token)
+    temperature: float | None = None  # how a sampled token_id was chosen (None when forced)
+    seed: int | None = None
+
+    @property
+    def extra(self) -> dict:
+        """{"prompt", "temperature", "seed"}: the three fields above as the dict that older readers know."""
+        return {"prompt": self.prompt, "temperature": self.temperature, "seed": self.seed}
+
+    @property
+    def choice(self) -> Choice:
+        """How token_id was chosen."""
+        return Choice.forced(self.token_id) if self.forced else Choice.sampled(self.temperature, self.seed)
 
     def routing_for(self, layer: int) -> RoutingRecord | None:
         return next((r for r in self.routing if r.layer == layer), None)
@@ -106,14 +149,18 @@ class Frame:
         return total
 
     def same_as(self, other: "Frame") -> bool:
-        """Equal in everything the model computed (ids, arrays, bytes), ignoring wall times and `extra`.
+        """Equal in everything the model computed (ids, arrays, bytes), ignoring wall times and how
+        token_id was chosen (prompt, temperature, seed).
 
         Frames hold numpy arrays, so `==` cannot compare them; tests and exercises use this instead.
         """
         if not isinstance(other, Frame):
             return False
         return all(_same(getattr(self, f.name), getattr(other, f.name))
-                   for f in fields(self) if f.name not in ("step_ms", "twin_step_ms", "extra"))
+                   for f in fields(self) if f.name not in _NOT_COMPUTED)
+
+
+_NOT_COMPUTED = ("step_ms", "twin_step_ms", "prompt", "temperature", "seed")
 
 
 def _same(a, b) -> bool:

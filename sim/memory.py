@@ -24,7 +24,7 @@ STATE_BYTES = 4  # the KDA state S is always float32 (kda.md, tiny_k3/cache.py)
 MIB_CONTEXT = 1 << 20  # "1M" context = 2^20 = 1,048,576 tokens (K3 max_position_embeddings, k3_facts.md §1)
 
 
-def _count(value, what: str) -> int:
+def non_negative_int(value, what: str) -> int:
     """A non-negative integer (numpy ints welcome), or one clear ValueError."""
     try:
         n = operator.index(value)
@@ -79,8 +79,8 @@ def cache_bytes(config: K3Config, tokens: int, batch: int = 1) -> tuple[int, int
 
     kv grows with tokens; state is constant from the first token on and 0 before any token.
     """
-    tokens = _count(tokens, "tokens")
-    batch = _count(batch, "batch")
+    tokens = non_negative_int(tokens, "tokens")
+    batch = non_negative_int(batch, "batch")
     kv = batch * tokens * kv_bytes_per_token(config)
     state = batch * state_bytes_fixed(config).total if tokens > 0 else 0
     return kv, state
@@ -138,7 +138,7 @@ class MemoryCurve:
 
 def memory_curve(config: K3Config, token_counts, batch: int = 1) -> MemoryCurve:
     """Bytes vs context for the hybrid, its all-MLA twin and the MHA baseline."""
-    tokens = tuple(_count(t, "every token count") for t in token_counts)
+    tokens = tuple(non_negative_int(t, "every token count") for t in token_counts)
     twin = config.twin()
     hybrid = [cache_bytes(config, t, batch) for t in tokens]
     mha_per_token = mha_bytes_per_token(config)

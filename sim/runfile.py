@@ -84,10 +84,9 @@ def _arrays(frames: list[Frame]) -> dict[str, np.ndarray]:
     out = {f"frame.{k}": stack(lambda f, k=k: getattr(f, k), dt) for k, dt in (
         ("index", np.int64), ("position", np.int64), ("input_id", np.int64), ("token_id", np.int64),
         ("forced", np.bool_), ("step_ms", np.float64), ("twin_step_ms", np.float64), ("embed_norm", np.float64))}
-    out["extra.prompt"] = stack(lambda f: bool(f.extra.get("prompt", False)), np.bool_)
-    out["extra.temperature"] = stack(lambda f: math.nan if f.extra.get("temperature") is None
-                                     else f.extra["temperature"], np.float64)
-    out["extra.seed"] = stack(lambda f: -1 if f.extra.get("seed") is None else f.extra["seed"], np.int64)
+    out["extra.prompt"] = stack(lambda f: f.prompt, np.bool_)
+    out["extra.temperature"] = stack(lambda f: math.nan if f.temperature is None else f.temperature, np.float64)
+    out["extra.seed"] = stack(lambda f: -1 if f.seed is None else f.seed, np.int64)
     out["top.ids"], out["top.probs"] = stack(lambda f: f.top_ids), stack(lambda f: f.top_probs)
     for field in ("scores", "bias", "expert_ids", "weights"):
         out[f"routing.{field}"] = stack(each("routing", field))
@@ -157,9 +156,8 @@ def _frames(meta: dict, a: dict[str, np.ndarray]) -> list[Frame]:
             input_text=token_text(inp), token_id=tok, token_text=token_text(tok), top_ids=col("top.ids"),
             top_probs=col("top.probs"), routing=routing, kda=kda, depth=depth, sublayers=subs, memory=memory,
             step_ms=float(col("frame.step_ms")), twin_step_ms=float(col("frame.twin_step_ms")), forced=forced,
-            extra={"prompt": bool(col("extra.prompt")), "temperature": None if forced else t,
-                   "seed": None if forced else s},
-            embed_norm=float(col("frame.embed_norm"))))
+            embed_norm=float(col("frame.embed_norm")), prompt=bool(col("extra.prompt")),
+            temperature=None if forced else t, seed=None if forced else s))
     return frames
 
 
@@ -191,7 +189,7 @@ def read(path) -> SavedRun:
 def _choice(frame: Frame) -> dict:
     if frame.forced:
         return {"force_token": frame.token_id}
-    return {"temperature": frame.extra["temperature"], "seed": frame.extra["seed"]}
+    return {"temperature": frame.temperature, "seed": frame.seed}
 
 
 def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:

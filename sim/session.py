@@ -29,18 +29,15 @@ import torch
 from tiny_k3.cache import KDAState, MLACache, ModelCache
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.model import WEIGHTS, load_model, resolve_device
-from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import EOS, decode, encode, token_text
 
-from .frame import (DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord,
-                    SublayerView)
-from .memory import _count
+from .frame import Choice, Frame, MemoryRecord, SublayerView
+from .memory import non_negative_int
+from .recorder import FrameRecorder
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
 RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost): going back a little replays nothing
-_EMPTY = np.zeros(0, np.float32)
-_EMPTY.flags.writeable = False
 
 
 # ---------------------------------------------------------------------------- sampling
@@ -79,113 +76,6 @@ def top_tokens(logits: np.ndarray, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
     return top_ids, top_probs
 
 
-# ---------------------------------------------------------------------------- recording
-
-
-class FrameRecorder(Recorder):
-    """Keeps what a Frame needs from one decode step (B = 1, T = 1) and converts it to numpy in one copy.
-
-    Tensors are only referenced while the step runs (the model makes new ones each step, never updating
-    in place); `finish()` packs them into one float32 and one float16 buffer (the KDA state display copies),
-    moves each to the CPU once and hands out read-only views, so a GPU step costs two transfers.
-    """
-
-    def __init__(self, bias_cache: dict):
-        self._bias_cache = bias_cache      # layer -> (data_ptr, version, numpy bias): the bias rarely changes
-        self._f32: list[torch.Tensor] = []
-        self._f16: list[torch.Tensor] = []
-        self._rms: list[torch.Tensor] = []  # [D] vectors whose RMS is wanted, reduced together in finish()
-        self.events: list[tuple] = []
-
-    def _slot(self, t: torch.Tensor, half: bool = False) -> tuple[bool, int]:
-        buf = self._f16 if half else self._f32
-        buf.append(t)
-        return half, len(buf) - 1
-
-    def _rms_of(self, x: torch.Tensor) -> int:
-        self._rms.append(x.reshape(-1))
-        return len(self._rms) - 1
-
-    def _bias(self, layer: int, bias: torch.Tensor | None, num_experts: int) -> np.ndarray:
-        if bias is None:
-            bias = torch.zeros(num_experts)
-        key = (bias.data_ptr(), bias._version)
-        hit = self._bias_cache.get(layer)
-        if hit is None or hit[0] != key:
-            arr = bias.detach().float().cpu().numpy().copy()
-            arr.flags.writeable = False
-            hit = self._bias_cache[layer] = (key, arr)
-        return hit[1]
-
-    def record(self, event: str, layer: int, **d) -> None:
-        if event == "embed":
-            self.events.append(("embed", layer, self._rms_of(d["x"])))
-        elif event == "depth":
-            w = d["weights"]
-            self.events.append(("depth", layer, d["site"], None if w is None else self._slot(w[0, 0].float()),
-                                self._rms_of(d["h"])))
-        elif event == "kda":
-            state, prev = d["state"][0].float(), d["prev_state"]             # [H, K, V]
-            decay = d["g"][0, 0].float().exp()                                # alpha_t = exp(g_t) [H, K]
-            # The delta-rule write: what this token changed beyond decaying, S_t - Diag(alpha_t) S_{t-1} (kda.md §1).
-            write = state if prev is None else state - decay[..., None] * prev[0].float()
-            self.events.append(("kda", layer, self._slot(state, half=True), self._slot(decay),
-                                self._slot(d["beta"][0, 0].float()),
-                                self._slot(torch.linalg.vector_norm(state, dim=(-2, -1))),
-                                self._slot(torch.linalg.vector_norm(write, dim=(-2, -1)))))
-        elif event == "moe":
-            scores = d["scores"][0, 0].float()
-            self.events.append(("moe", layer, self._slot(scores), self._bias(layer, d["bias"], scores.shape[-1]),
-                                self._slot(d["expert_ids"][0, 0].float()), self._slot(d["weights"][0, 0].float())))
-        elif event == "sublayer":
-            self.events.append(("sublayer", layer, d["site"], d["kind"], self._rms_of(d["out"])))
-        elif event == "logits":
-            self.events.append(("logits", layer, self._slot(d["logits"][0, -1].float())))
-
-    @staticmethod
-    def _to_numpy(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[np.ndarray]:
-        if not tensors:
-            return []
-        flat = torch.cat([t.reshape(-1).to(dtype) for t in tensors]).cpu().numpy()
-        flat.flags.writeable = False
-        out, offset = [], 0
-        for t in tensors:
-            n = t.numel()
-            out.append(flat[offset:offset + n].reshape(tuple(t.shape)))
-            offset += n
-        return out
-
-    def finish(self) -> dict:
-        """The recorded step as numpy records: embed_norm, depth, kda, routing, sublayers and logits."""
-        if self._rms:   # one reduction for every RMS of the step, packed with the rest
-            self._f32.append(torch.stack(self._rms).float().pow(2).mean(-1).sqrt())
-        f32, f16 = self._to_numpy(self._f32, torch.float32), self._to_numpy(self._f16, torch.float16)
-        rms = f32[-1].tolist() if self._rms else []
-
-        def get(slot):
-            half, i = slot
-            return f16[i] if half else f32[i]
-
-        out = {"depth": [], "kda": [], "routing": [], "sublayers": [], "embed_norm": 0.0, "logits": None}
-        for ev in self.events:
-            kind, layer = ev[0], ev[1]
-            if kind == "embed":
-                out["embed_norm"] = rms[ev[2]]
-            elif kind == "depth":
-                out["depth"].append(DepthRecord(layer, ev[2], _EMPTY if ev[3] is None else get(ev[3]), rms[ev[4]]))
-            elif kind == "kda":
-                out["kda"].append(KDARecord(layer, *(get(s) for s in ev[2:])))
-            elif kind == "moe":
-                ids = get(ev[4]).astype(np.int64)
-                ids.flags.writeable = False
-                out["routing"].append(RoutingRecord(layer, get(ev[2]), ev[3], ids, get(ev[5])))
-            elif kind == "sublayer":
-                out["sublayers"].append(SublayerRecord(layer, ev[2], ev[3], rms[ev[4]]))
-            elif kind == "logits":
-                out["logits"] = get(ev[2])
-        return out
-
-
 # ---------------------------------------------------------------------------- set-up
 
 
@@ -213,13 +103,6 @@ def _temperature(value) -> float:
     return t
 
 
-def _same_choice(a: tuple, b: tuple) -> bool:
-    """Two ways of choosing a token agree; at temperature 0 (argmax) the seed plays no part."""
-    if a[0] == b[0] == "sampled" and a[1] == b[1] == 0:
-        return True
-    return a == b
-
-
 # ---------------------------------------------------------------------------- the simulation
 
 
@@ -228,7 +111,7 @@ class Simulation:
 
     Choices. A frame's `token_id` is chosen when the frame is made: the next prompt token (forced), or a
     sample from its logits with (temperature, seed) = (sim.temperature, sim.sample_seed) at the frame's
-    position (recorded in frame.extra["temperature"], ["seed"]; frame.extra["prompt"] marks prompt frames).
+    position (recorded in frame.temperature and frame.seed; frame.prompt marks prompt frames; frame.choice).
     `step(force_token, temperature, seed)` may change that choice for the current frame: a changed choice
     branches (the frames after the cursor are dropped, the decode state after the cursor is restored, and
     generation goes on from there). A branch equals a fresh Simulation that made the same calls. Setting
@@ -246,7 +129,7 @@ class Simulation:
         build (a front end's cancel: the TUI stops a long k3-topo prefill between tokens)."""
         self.config = _resolve_config(preset)
         self.twin_config = self.config.twin()
-        self.seed = _count(seed, "seed")
+        self.seed = non_negative_int(seed, "seed")
         self.sample_seed = self.seed
         self.temperature = _temperature(temperature)
         if weights not in WEIGHTS:
@@ -271,7 +154,8 @@ class Simulation:
         self._snapshots: dict[int, dict[int, KDAState]] = {}   # tokens seen -> {KDA layer: state after them}
         self._bias_cache: dict = {}
         for i, tok in enumerate(ids):
-            choice = ("forced", ids[i + 1]) if i + 1 < len(ids) else ("sampled", self.temperature, self.sample_seed)
+            choice = (Choice.forced(ids[i + 1]) if i + 1 < len(ids)
+                      else Choice.sampled(self.temperature, self.sample_seed))
             self._advance(tok, choice, prompt=True)
             if progress is not None:
                 progress(i + 1, len(ids))
@@ -305,7 +189,7 @@ class Simulation:
         return self.frame
 
     def run(self, n: int) -> list[Frame]:
-        n = _count(n, "the number of steps")
+        n = non_negative_int(n, "the number of steps")
         last = self.config.max_seq_len - 1
         if self.cursor + n > last:
             raise ValueError(f"{n} more steps would pass the last position ({last}) that preset "
@@ -323,24 +207,24 @@ class Simulation:
         frame = self.frame
         forced = None if force_token is None else self._token(force_token)
         t = self.temperature if temperature is None else _temperature(temperature)
-        s = self.sample_seed if seed is None else _count(seed, "seed")
+        s = self.sample_seed if seed is None else non_negative_int(seed, "seed")
         if self.cursor + 1 >= self.config.max_seq_len:
             raise ValueError(f"the timeline is full: preset {self.config.name!r} allows {self.config.max_seq_len} "
                              f"tokens, prompt plus generated; go back or start a new Simulation.")
         self.temperature, self.sample_seed = t, s          # all inputs are valid: now change things
         if forced is not None:
-            choice = ("forced", forced)
+            choice = Choice.forced(forced)
         elif temperature is not None or seed is not None:
-            choice = ("sampled", t, s)
+            choice = Choice.sampled(t, s)
         else:
-            choice = self._choice_of(frame)
+            choice = frame.choice
 
-        if not _same_choice(choice, self._choice_of(frame)):
+        if not choice.same_as(frame.choice):
             self._branch(choice)
         elif self.cursor + 1 < len(self._frames):
             self.cursor += 1
             return self.frame
-        self._advance(self.frame.token_id, ("sampled", self.temperature, self.sample_seed), prompt=False)
+        self._advance(self.frame.token_id, Choice.sampled(self.temperature, self.sample_seed), prompt=False)
         self.cursor = len(self._frames) - 1
         return self.frame
 
@@ -453,20 +337,17 @@ class Simulation:
         return t
 
     @staticmethod
-    def _choice_of(frame: Frame) -> tuple:
-        if frame.forced:
-            return ("forced", frame.token_id)
-        return ("sampled", frame.extra["temperature"], frame.extra["seed"])
-
-    def _choose(self, logits: np.ndarray, position: int, choice: tuple) -> int:
-        return choice[1] if choice[0] == "forced" else sample_token(logits, choice[1], choice[2], position)
+    def _choose(logits: np.ndarray, position: int, choice: Choice) -> int:
+        if choice.is_forced:
+            return choice.token
+        return sample_token(logits, choice.temperature, choice.seed, position)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def _advance(self, token: int, choice: tuple, prompt: bool) -> Frame:
+    def _advance(self, token: int, choice: Choice, prompt: bool) -> Frame:
         """Feed `token` at the next position to the hybrid (recorded) and the twin; append the Frame."""
         position = len(self._frames)
         x = torch.tensor([[token]], device=self.device)
@@ -484,25 +365,26 @@ class Simulation:
         rec = recorder.finish()
 
         # Ids past EOS are padding rows of the embedding (vocab 512 > 258 tokens): never offer them.
-        logits = rec["logits"][:NUM_TOKENS]
+        logits = rec.logits[:NUM_TOKENS]
         chosen = self._choose(logits, position, choice)
         top_ids, top_probs = top_tokens(logits)
         frame = Frame(
             index=position, position=position, input_id=token, input_text=token_text(token),
             token_id=chosen, token_text=token_text(chosen), top_ids=top_ids, top_probs=top_probs,
-            routing=tuple(rec["routing"]), kda=tuple(rec["kda"]), depth=tuple(rec["depth"]),
-            sublayers=tuple(rec["sublayers"]), memory=self._memory(position + 1),
-            step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms, forced=choice[0] == "forced",
-            extra=self._extra(choice, prompt), embed_norm=rec["embed_norm"])
+            routing=rec.routing, kda=rec.kda, depth=rec.depth, sublayers=rec.sublayers,
+            memory=self._memory(position + 1), step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms,
+            embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice))
         self._frames.append(frame)
         self._logits.append(logits)
         self._save_snapshot()
         return frame
 
     @staticmethod
-    def _extra(choice: tuple, prompt: bool) -> dict:
-        sampled = choice[0] == "sampled"
-        return {"prompt": prompt, "temperature": choice[1] if sampled else None, "seed": choice[2] if sampled else None}
+    def _choice_fields(choice: Choice) -> dict:
+        """Frame's forced / temperature / seed fields for a choice (temperature and seed None when forced)."""
+        if choice.is_forced:
+            return {"forced": True, "temperature": None, "seed": None}
+        return {"forced": False, "temperature": choice.temperature, "seed": choice.seed}
 
     def _memory(self, tokens: int) -> MemoryRecord:
         if self.twin_model is not None:
@@ -540,7 +422,7 @@ class Simulation:
         self._twin_cache = twin
         self._snapshots = {p: s for p, s in self._snapshots.items() if p <= tokens}
 
-    def _branch(self, choice: tuple) -> None:
+    def _branch(self, choice: Choice) -> None:
         """Make `choice` for the cursor's frame: drop the frames after it and restore the decode state."""
         c = self.cursor
         if c + 1 < len(self._frames):
@@ -549,6 +431,5 @@ class Simulation:
         old = self._frames[c]
         token = self._choose(self._logits[c], old.position, choice)
         self._frames[c] = dataclasses.replace(old, token_id=token, token_text=token_text(token),
-                                              forced=choice[0] == "forced",
-                                              extra=self._extra(choice, old.extra.get("prompt", False)))
+                                              **self._choice_fields(choice))
         self.prompt_len = min(self.prompt_len, c + 1)

@@ -25,6 +25,7 @@ from torch import nn
 
 from .cache import KDAState
 from .config import K3Config
+from .fused import CachedCat, FusedLinears, autograd_needed
 from .probe import NO_RECORDER, Recorder
 
 
@@ -101,6 +102,28 @@ def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
     o = torch.stack(outputs, 1) if outputs else v.new_zeros(B, 0, H, V)
     return o.to(out_dtype), (S if output_final_state else None)
+
+
+def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+             scale: float | None = None, initial_state: torch.Tensor | None = None,
+             output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`kda_recurrent` for one token (T = 1), the decode step: same arguments, same result, fewer ops.
+
+    The three contractions are batched matmuls over B*H (k^T S', the rank-1 write, S^T q) instead of
+    einsums, and nothing is stacked: at decode sizes every op is overhead.
+    """
+    B, T, H, K, V = _check_inputs("kda_step", q, k, v, g, beta, initial_state)
+    if T != 1:
+        raise ValueError(f"kda_step: takes exactly one token (T = 1), got T = {T}; use kda_chunked for more.")
+    scale = K ** -0.5 if scale is None else scale
+    out_dtype, dtype = q.dtype, _compute_dtype(q, k, v, g, beta, initial_state)
+    q, k, v, g = (t.to(dtype).reshape(B * H, 1, -1) for t in (q, k, v, g))   # [BH, 1, K or V]
+    S = (q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V))
+    S = S * g.mT.exp()                                         # S' = Diag(alpha) S
+    delta = (v - k @ S) * beta.to(dtype).reshape(B * H, 1, 1)   # beta (v - S'^T k)   [BH, 1, V]
+    S = torch.baddbmm(S, k.mT, delta)                          # S' + k delta^T
+    o = (q @ S) * scale                                        # S^T (scale q)        [BH, 1, V]
+    return o.view(B, 1, H, V).to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
 
 
 # ---------------------------------------------------------------------------- chunked form
@@ -366,6 +389,9 @@ class KDALayer(nn.Module):
         self.o_norm_weight = nn.Parameter(torch.ones(K, **kw))
         self.o_proj = nn.Linear(H * K, D, bias=False, **kw)
         self.reset_gate_parameters()
+        # Inference caches (tiny_k3/fused.py): the projections of x as one matmul, the three conv weights as one.
+        self._in_proj = FusedLinears(self, ("q_proj", "k_proj", "v_proj"), ("f_a_proj",), ("b_proj",))
+        self._conv_weight = CachedCat(self, ("q_conv", "k_conv", "v_conv"))
 
     @torch.no_grad()
     def reset_gate_parameters(self) -> None:
@@ -393,8 +419,12 @@ class KDALayer(nn.Module):
         B, T, C = x.shape
         tail = x.new_zeros(B, self.conv_kernel - 1, C) if cache is None else cache.conv.to(x.dtype)
         full = torch.cat([tail, x], 1)                                        # [B, W-1+T, C]
-        weight = torch.cat([self.q_conv.weight, self.k_conv.weight, self.v_conv.weight], 0)  # [C, 1, W]
-        out = F.conv1d(full.transpose(1, 2), weight, groups=C).transpose(1, 2)  # no padding: exactly T outputs
+        convs = self._conv_weight.parts()
+        weight = torch.cat(convs, 0) if autograd_needed(convs) else self._conv_weight()   # [C, 1, W]
+        if T == 1:  # decode: one output per channel, sum_w full[w] weight[w]: cheaper than conv1d's set-up
+            out = (full * weight[:, 0].T).sum(1, keepdim=True)
+        else:
+            out = F.conv1d(full.transpose(1, 2), weight, groups=C).transpose(1, 2)  # no padding: exactly T outputs
         return out, full[:, full.shape[1] - (self.conv_kernel - 1):].clone()  # clone: don't pin all of `full`
 
     def forward(self, x: torch.Tensor, cache: KDAState | None = None, recorder: Recorder = NO_RECORDER,
@@ -413,7 +443,7 @@ class KDALayer(nn.Module):
                              f"and {list(cache.conv.shape)}.")
         fp = _compute_dtype(x)  # q,k,v after the conv, gates, state, output norm: float32 (float64 for float64 x)
 
-        projected = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        projected, gate_low_rank, beta_logit = self._in_proj(x)              # q|k|v, f_a x, b x: one matmul
         mixed, conv_tail = self._short_conv(projected, cache)
         q, k, v = F.silu(mixed).to(fp).split([H * K, H * K, H * V], -1)
         # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in float32.
@@ -421,11 +451,11 @@ class KDALayer(nn.Module):
         q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
         k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
         v = v.reshape(B, T, H, V)
-        g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(B, T, H, K), self.A_log, self.dt_bias, self.lower_bound)
-        beta = torch.sigmoid(self.b_proj(x).to(fp))
+        g = kda_gate(self.f_b_proj(gate_low_rank).view(B, T, H, K), self.A_log, self.dt_bias, self.lower_bound)
+        beta = torch.sigmoid(beta_logit.to(fp))
 
         prev = None if cache is None else cache.state
-        kda = kda_recurrent if T == 1 else kda_chunked  # fla: fused_recurrent for decode, chunk for prefill
+        kda = kda_step if T == 1 else kda_chunked  # fla: fused_recurrent for decode, chunk for prefill
         extra = {} if T == 1 else {"chunk_size": self.chunk_size}
         o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
         recorder.record("kda", layer, prev_state=None if prev is None else prev.detach(),

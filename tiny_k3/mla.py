@@ -21,6 +21,7 @@ from torch import nn
 
 from .cache import MLACache
 from .config import K3Config
+from .fused import FusedLinears
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -60,10 +61,16 @@ class GatedMLA(nn.Module):
         self.g_proj = (nn.Linear(c.hidden_size, c.mla_heads * c.v_head_dim, bias=False, **kw)
                        if c.mla_output_gate else None)  # K3's gate; K2 and Kimi Linear have none
         self.o_proj = nn.Linear(c.mla_heads * c.v_head_dim, c.hidden_size, bias=False, **kw)
+        # Inference cache (tiny_k3/fused.py): the three projections that read x, as one matmul.
+        groups = [("kv_a_proj",), ("q_proj" if self.q_proj is not None else "q_a_proj",)]
+        if self.g_proj is not None:
+            groups.append(("g_proj",))
+        self._x_proj = FusedLinears(self, *groups)
 
-    def project_q(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, D] -> q [B, T, H, nope + rope]."""
-        q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_norm(self.q_a_proj(x)))
+    def project_q(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] -> q [B, T, H, nope + rope]. first: q_proj(x) or q_a_proj(x) when already computed."""
+        first = (self.q_proj or self.q_a_proj)(x) if first is None else first
+        q = first if self.q_proj is not None else self.q_b_proj(self.q_norm(first))
         return q.view(*x.shape[:2], self.heads, self.nope + self.rope)
 
     def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder: Recorder = NO_RECORDER,
@@ -75,10 +82,11 @@ class GatedMLA(nn.Module):
         key_mask [B, past + T] bool: False marks padding tokens, which no query may attend to; None: all real.
         """
         B, T, _ = x.shape
-        latent, k_rope = self.kv_a_proj(x).split([self.kv_rank, self.rope], dim=-1)
+        kv, q_first, *gate = self._x_proj(x)                    # W_kva x, W_q(a) x, and W_g x where K3's gate is
+        latent, k_rope = kv.split([self.kv_rank, self.rope], dim=-1)
         latent = self.kv_norm(latent)
         past = 0 if cache is None else cache.length
-        q = self.project_q(x)
+        q = self.project_q(x, q_first)
         if self.use_rope:  # rotate the new tokens' shared key before it is cached, and q's rope part
             if positions is None:
                 positions = (past + torch.arange(T, device=x.device)).expand(B, T)
@@ -97,15 +105,16 @@ class GatedMLA(nn.Module):
         k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, self.heads, self.rope)], dim=-1)
 
         scores = torch.einsum("bthd,bshd->bhts", q, k) * self.scale
-        # Query t sits at absolute position past + t and may see keys 0 .. past + t.
-        causal = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
-        if key_mask is not None:  # padding keys are hidden; a padding query still sees itself (no empty rows)
-            own = torch.arange(S, device=x.device)[None, :] == (past + torch.arange(T, device=x.device))[:, None]
-            causal = (causal & (key_mask[:, None, :].bool() | own))[:, None]                      # [B, 1, T, S]
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        if T > 1 or key_mask is not None:  # query t sits at position past + t and sees keys 0 .. past + t
+            causal = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
+            if key_mask is not None:  # padding keys are hidden; a padding query still sees itself (no empty rows)
+                own = torch.arange(S, device=x.device)[None, :] == (past + torch.arange(T, device=x.device))[:, None]
+                causal = (causal & (key_mask[:, None, :].bool() | own))[:, None]                  # [B, 1, T, S]
+            scores = scores.masked_fill(~causal, float("-inf"))
+        probs = scores.softmax(dim=-1)
         attn = torch.einsum("bhts,bshd->bthd", probs, v)
-        if self.g_proj is not None:  # K3's output gate
-            attn = attn * torch.sigmoid(self.g_proj(x)).view(B, T, self.heads, self.v_dim)
+        if gate:  # K3's output gate
+            attn = attn * torch.sigmoid(gate[0]).view(B, T, self.heads, self.v_dim)
         y = self.o_proj(attn.reshape(B, T, self.heads * self.v_dim))
         recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
         return y, MLACache(latent, k_rope)
