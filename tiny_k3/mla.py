@@ -52,8 +52,11 @@ class GatedMLA(nn.Module):
         return q.view(*x.shape[:2], self.heads, self.nope + self.rope)
 
     def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder: Recorder = NO_RECORDER,
-                layer: int = 0) -> tuple[torch.Tensor, MLACache]:
-        """x [B, T, D] (already RMS-normed) -> (y [B, T, D], cache grown by T tokens)."""
+                layer: int = 0, hooks=None) -> tuple[torch.Tensor, MLACache]:
+        """x [B, T, D] (already RMS-normed) -> (y [B, T, D], cache grown by T tokens).
+
+        `hooks.attention_window` (tiny_k3.hooks) limits each query to the last `window` keys, itself included;
+        the cache still keeps every token (a sliding window changes what is read, not what is stored)."""
         B, T, _ = x.shape
         kv, q_first, gate = self._x_proj(x)                     # W_kva x, W_q(a) x, W_g x
         latent, k_rope = kv.split([self.kv_rank, self.rope], dim=-1)
@@ -71,8 +74,13 @@ class GatedMLA(nn.Module):
         q = self.project_q(x, q_first)
 
         scores = torch.einsum("bthd,bshd->bhts", q, k) * self.scale
-        if T > 1:  # query t sits at absolute position past + t and may see keys 0 .. past + t (decode: all S)
-            causal = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
+        window = None if hooks is None else hooks.attention_window
+        if T > 1 or window is not None:  # query t sits at absolute position past + t and sees keys 0 .. past + t
+            query_pos = (past + torch.arange(T, device=x.device))[:, None]
+            keys = torch.arange(S, device=x.device)[None, :]
+            causal = keys <= query_pos            # decode without a window: all S keys, no mask
+            if window is not None:                # a what-if window: and key > query - window
+                causal = causal & (keys > query_pos - window)
             scores = scores.masked_fill(~causal, float("-inf"))
         probs = scores.softmax(dim=-1)
         attn = torch.einsum("bhts,bshd->bthd", probs, v)

@@ -48,18 +48,20 @@ class Block(nn.Module):
         self.attn_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw) if depth else None
         self.mlp_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw) if depth else None
 
-    def forward(self, stream: DepthStream, cache: ModelCache, recorder: Recorder = NO_RECORDER) -> None:
+    def forward(self, stream: DepthStream, cache: ModelCache, recorder: Recorder = NO_RECORDER,
+                hooks=None) -> None:
         i = self.index
-        h, weights = stream.read(self.attn_res)
+        uniform = hooks is not None and i in hooks.uniform_depth
+        h, weights = stream.read(self.attn_res, uniform)
         recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
-        out, cache.layers[i] = self.attn(self.attn_norm(h), cache.layers[i], recorder=recorder, layer=i)
+        out, cache.layers[i] = self.attn(self.attn_norm(h), cache.layers[i], recorder=recorder, layer=i, hooks=hooks)
         recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
         stream.add(out)
 
-        h, weights = stream.read(self.mlp_res)
+        h, weights = stream.read(self.mlp_res, uniform)
         recorder.record("depth", i, site="mlp", weights=weights, h=h.detach())
         x = self.mlp_norm(h)
-        out = self.mlp(x) if self.mlp_kind == "dense" else self.mlp(x, recorder=recorder, layer=i)
+        out = self.mlp(x) if self.mlp_kind == "dense" else self.mlp(x, recorder=recorder, layer=i, hooks=hooks)
         recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=out.detach())
         stream.add(out)
 
@@ -95,8 +97,11 @@ class TinyK3(nn.Module):
         return self.embed.weight.device
 
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None,
-                recorder: Recorder | None = None) -> tuple[torch.Tensor, ModelCache]:
-        """tokens [B, T] (long) -> (logits [B, T, vocab], the cache advanced by T tokens)."""
+                recorder: Recorder | None = None, hooks=None) -> tuple[torch.Tensor, ModelCache]:
+        """tokens [B, T] (long) -> (logits [B, T, vocab], the cache advanced by T tokens).
+
+        hooks: a tiny_k3.hooks.Hooks of what-if changes (routing, KDA state and decay, depth weights, MLA
+        window) in force for this call; None runs the model as trained."""
         cfg = self.config
         recorder = NO_RECORDER if recorder is None else recorder
         if tokens.dim() != 2 or tokens.shape[1] == 0:
@@ -112,8 +117,9 @@ class TinyK3(nn.Module):
         recorder.record("embed", -1, x=x.detach())
         stream = DepthStream(x, cfg.residual, cfg.attnres_block_size)
         for block in self.blocks:
-            block(stream, cache, recorder)
-        h, weights = stream.read(self.out_res)
+            block(stream, cache, recorder, hooks)
+        uniform = hooks is not None and cfg.num_layers in hooks.uniform_depth    # the final read, before the head
+        h, weights = stream.read(self.out_res, uniform)
         recorder.record("depth", cfg.num_layers, site="out", weights=weights, h=h.detach())
         logits = self.lm_head(self.final_norm(h))
         recorder.record("logits", cfg.num_layers, logits=logits.detach())
