@@ -41,8 +41,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checks import check_ablated_route, check_kl, check_reset_head
-from workshop import exercise, plt, step_slider, try_exercise
+from checks import check_ablated_route, check_kl, check_reset_head, hint  # noqa: F401  (hint: for you)
+from figures import depth_grid
+from workshop import exercise, heatmap, integer_ticks, plt, step_slider, try_exercise
 from sim import Simulation
 from sim.interventions import (AblateExpert, NoSelectionBias, ResetState, TruncateContext, UniformDepth,
                                to_hooks)
@@ -130,7 +131,7 @@ for j, (model_name, ps) in enumerate(models.items()):
 ax.axhline(0.1, color="grey", ls="--", lw=1, label="chance (1 of 10 digits)")
 ax.set_xticks(np.arange(len(names)) + 0.19 * (len(models) - 1), names)
 ax.set_xlabel("what was wiped just before the query token"), ax.set_ylabel(f"p(next = {KEY_VALUE[0]!r})")
-ax.set_title(f"recall of key={KEY_VALUE} at the query"), ax.legend(fontsize=8)
+ax.set_title(f"recall of key={KEY_VALUE} at the query"), ax.legend()
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -159,8 +160,8 @@ def show_step(s, w=reset):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 2.8), sharex=True)
     for ax, top, title in ((a1, w.top_before[s], "original"), (a2, w.top_after[s], "KDA states wiped")):
         ax.barh([repr(t) for _, t, _ in top][::-1], [p for _, _, p in top][::-1], color="tab:blue")
-        ax.set_xlabel("probability"), ax.set_title(f"step {s}: {title}", fontsize=9)
-    fig.suptitle(f"KL {w.kl[s]:.4f} nats · first divergence: {w.first_divergence[s]}", fontsize=9)
+        ax.set_xlabel("probability"), ax.set_ylabel("next token"), ax.set_title(f"step {s}: {title}")
+    fig.suptitle(f"KL {w.kl[s]:.4f} nats · first divergence: {w.first_divergence[s]}")
     plt.tight_layout(); plt.show()
 
 
@@ -208,8 +209,9 @@ fig, ax = plt.subplots(figsize=(9, 3))
 x = np.arange(len(show))
 ax.bar(x - 0.2, load0[LAYER][show], 0.4, label="original", color="tab:grey")
 ax.bar(x + 0.2, after[show], 0.4, label=f"expert {top} ablated", color="tab:red")
-ax.set_xticks(x, [str(int(e)) for e in show], rotation=90, fontsize=8)
-ax.set_xlabel(f"expert id (layer {LAYER}, the 24 busiest)"), ax.set_ylabel("tokens routed"), ax.legend(fontsize=8)
+ax.set_xticks(x, [str(int(e)) for e in show], rotation=90)
+ax.set_xlabel(f"expert id (layer {LAYER}, the 24 busiest)"), ax.set_ylabel("tokens routed"), ax.legend()
+integer_ticks(ax, "y")
 ax.set_title(f"who takes over when expert {top} is gone")
 plt.tight_layout(); plt.show()
 
@@ -244,11 +246,11 @@ x = np.arange(len(layers))
 a1.bar(x - 0.2, facts["balance_before"], 0.4, label="with bias (as trained)")
 a1.bar(x + 0.2, facts["balance_after"], 0.4, label="no bias")
 a1.set_xticks(x, [f"L{layer}" for layer in layers]), a1.set_xlabel("MoE layer"), a1.set_ylabel("max load / mean load")
-a1.legend(fontsize=8), a1.set_title("load balance")
+a1.legend(), a1.set_title("load balance")
 for load, label in ((load0[LAYER], "with bias"), (load1[LAYER], "no bias")):
     a2.plot(np.sort(load.numpy())[::-1], label=label)
 a2.set_yscale("symlog"), a2.set_xlabel(f"experts of L{LAYER}, busiest first"), a2.set_ylabel("tokens routed")
-a2.legend(fontsize=8), a2.set_title("load per expert")
+a2.legend(), a2.set_title("load per expert")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -267,18 +269,16 @@ loss_uniform, _ = run(sim.model, [UniformDepth()])
 flat = sim.what_if(UniformDepth())
 facts.update(loss_uniform=loss_uniform, uniform_kl=flat.kl[0])
 reads = [d for d in sim.frame.depth if d.weights.size]
-grid = np.full((len(reads), max(d.weights.size for d in reads)), np.nan)
-for r, d in enumerate(reads):
-    grid[r, :d.weights.size] = d.weights
+grid, columns = depth_grid([(d.layer, d.site, d.weights) for d in reads], cfg.attnres_block_size, cfg.num_layers)
 print(f"loss {loss0:.4f} -> {loss_uniform:.4f} nats/token with uniform depth weights; at the query, KL "
       f"{flat.kl[0]:.3f} and the top token {flat.top_before[0][0][1]!r} -> {flat.top_after[0][0][1]!r}")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1.3, 1]})
-im = a1.imshow(grid, cmap="magma", vmin=0, vmax=1, aspect="auto")
-a1.set_yticks(range(len(reads)), [f"L{d.layer} {d.site}" for d in reads], fontsize=7)
-a1.set_xticks(range(grid.shape[1]), ["emb"] + [f"b{j}" for j in range(1, grid.shape[1])])
-a1.set_xlabel("source (embedding, block sums, partial)"), a1.set_ylabel("depth read"), a1.grid(False)
-a1.set_title("learned depth weights at the query"), fig.colorbar(im, ax=a1, label="weight")
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [1.3, 1]})
+heatmap(a1, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="magma",
+        xlabel="source (embedding, block sums, partial)", ylabel="depth read")
+a1.set_yticks(range(len(reads)), [f"L{d.layer} {d.site}" for d in reads])
+a1.set_xticks(range(len(columns)), columns)
+a1.set_title("learned depth weights at the query (uniform would be 1/N)")
 a2.bar(["as trained", "uniform (w = 0)"], [loss0, loss_uniform], color=["tab:blue", "tab:orange"])
 a2.set_ylabel("held-out loss (nats/token)"), a2.set_title("what the depth weights are worth")
 plt.tight_layout(); plt.show()
@@ -310,7 +310,7 @@ fig, ax = plt.subplots(figsize=(7, 3.2))
 for name, losses in curve.items():
     ax.plot(windows, losses, marker="o", label=name)
 ax.set_xscale("log", base=2), ax.set_xlabel("MLA window (tokens)"), ax.set_ylabel("held-out loss (nats/token)")
-ax.set_title("a sliding window: who forgets"), ax.legend(fontsize=8)
+ax.set_title("a sliding window: who forgets"), ax.legend()
 plt.tight_layout(); plt.show()
 
 # %% [markdown]

@@ -27,25 +27,25 @@ from tiny_k3.tokenizer import decode, token_text
 PROMPT = "k=7;3+4=xyzw"
 
 
-def _trained_looking(config, seed, device):
+def _trained_looking(config, weights="auto", seed=0, device=None):
     """The random tiny model, with what training would give it: depth queries that are not zero (so the
     weights are not uniform to begin with) and a selection bias large enough to change choices."""
-    model = RANDOM_MODEL(config, seed, device)
+    loaded = LOAD_MODEL(config, weights, seed, device)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 1)
-        for name, p in model.named_parameters():
+        for name, p in loaded[0].named_parameters():
             if name.endswith("_res.query"):
                 p.normal_(0.0, 0.3)
-        for moe in model.moe_layers():
+        for moe in loaded[0].moe_layers():
             moe.router.bias.copy_(0.02 * torch.randn_like(moe.router.bias))
-    return model
+    return loaded
 
 
-RANDOM_MODEL = session_module._random_model
+LOAD_MODEL = session_module.load_model
 
 
 def make(**kw):
-    with mock.patch.object(session_module, "_random_model", _trained_looking):
+    with mock.patch.object(session_module, "load_model", _trained_looking):
         return Simulation("tiny", PROMPT, weights="random", **kw)
 
 
@@ -58,12 +58,12 @@ def sim():
 
 
 @torch.no_grad()
-def forward_from(model, before: list[int], after: list[int], edit=None):
+def forward_from(model, before: list[int], after: list[int], edit=None, prefix_model=None):
     """Logits [len(after), vocab] of `after` fed one at a time after `before`; edit(cache) may change the cache
-    between the two (the oracle for a reset)."""
+    between the two (the oracle for a reset); prefix_model (default: model) runs `before`."""
     cache = ModelCache(model.config.num_layers)
     for t in before:
-        _, cache = model(torch.tensor([[t]]), cache)
+        _, cache = (prefix_model or model)(torch.tensor([[t]]), cache)
     if edit is not None:
         edit(cache)
     out = []
@@ -129,7 +129,7 @@ def test_ablate_expert_is_never_chosen_and_equals_a_masked_router(sim):
     with torch.no_grad():
         masked.blocks[layer].mlp.router.bias[expert] = float("-inf")
     before = inputs(sim)[:sim.cursor]
-    oracle = forward_from(masked, before, [f.input_id for f in w.frames])
+    oracle = forward_from(masked, before, [f.input_id for f in w.frames], prefix_model=sim.model)
     assert np.array_equal(oracle, np.stack(w.logits_after))
 
 
