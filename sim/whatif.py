@@ -21,7 +21,7 @@ import torch
 from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import EOS, decode, token_text
 
-from .frame import Frame
+from .frame import Choice, Frame
 from .interventions import TruncateContext, check_changes, to_hooks
 
 DIVERGENCE_RTOL = 1e-6
@@ -98,11 +98,11 @@ def _top(frame: Frame) -> tuple[tuple[int, str, float], ...]:
     return tuple((int(t), token_text(int(t)), float(p)) for t, p in zip(frame.top_ids, frame.top_probs))
 
 
-def _choice(sim, index: int) -> tuple:
+def _choice(sim, index: int) -> Choice:
     """How frame `index` of the timeline chose its token; past the timeline, as step() would sample."""
     if index < len(sim.frames):
-        return sim._choice_of(sim.frames[index])
-    return ("sampled", sim.temperature, sim.sample_seed)
+        return sim.frames[index].choice
+    return Choice.sampled(sim.temperature, sim.sample_seed)
 
 
 @torch.no_grad()
@@ -122,10 +122,10 @@ def _twin_kl(sim, window_hooks, start: int, tokens: list[int]) -> tuple[float, .
 @torch.no_grad()
 def what_if(sim, changes, steps: int = 1) -> WhatIf:
     """See the module docstring; `sim` is a sim.Simulation, left exactly as it was."""
-    from .memory import _count
+    from .memory import non_negative_int
 
     changes = check_changes(changes, sim.config)
-    steps = _count(steps, "steps")
+    steps = non_negative_int(steps, "steps")
     if steps < 1:
         raise ValueError(f"steps must be 1 or more (the cursor's own frame is step 1), got {steps}.")
     start = sim.cursor
@@ -148,7 +148,6 @@ def what_if(sim, changes, steps: int = 1) -> WhatIf:
         fo, lo, cache, _ = sim._compute_frame(position, token_o, choice, prompt, cache, None, watch=seen_o)
         fb, lb, branch_cache, _ = sim._compute_frame(position, token_b, choice, prompt, branch_cache, None,
                                                      hooks=first_hooks if s == 0 else later_hooks, watch=seen_b)
-        fb.extra["what_if"] = changes
         original.append(fo), branch.append(fb), logits_o.append(lo), logits_b.append(lb)
         kl.append(kl_divergence(lo, lb))
         diverged.append(first_divergence(seen_o, seen_b))
