@@ -9,6 +9,7 @@
    them (tracemalloc), and the amortised KDA snapshots kept for branching.
 3. The cost of a branch: go back 10 tokens and force another token (within the ring of recent snapshots:
    no replay; further back: a replay of up to SNAPSHOT_EVERY - 1 tokens).
+4. A what-if of 8 steps (original and branch side by side, off the timeline) vs 8 plain steps (target <= 2x).
 The contenders take turns one step at a time, so a busy machine slows them alike; medians are printed.
 """
 
@@ -123,6 +124,24 @@ def bench(preset: str, device: str, steps: int) -> None:
     sync()
     print(f"  branch 10 tokens back: {1e3 * (time.perf_counter() - t):.1f} ms "
           f"(vs {ms['step()']:.1f} ms for a plain step)")
+    bench_what_if(fresh, sync)
+
+
+def bench_what_if(sim: Simulation, sync, steps: int = 8, reps: int = 5) -> None:
+    """sim.what_if(ResetState(), steps=8) from the last frame vs sim.run(8), taking turns; medians."""
+    from sim.interventions import ResetState
+
+    times: dict[str, list[float]] = {"what_if": [], "run": []}
+    for _ in range(reps):
+        sim.goto(len(sim.frames) - 1)
+        for name, fn in (("what_if", lambda: sim.what_if(ResetState(), steps=steps)), ("run", lambda: sim.run(steps))):
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(1e3 * (time.perf_counter() - t))
+    w, r = (float(np.median(times[k])) for k in ("what_if", "run"))
+    print(f"  what-if of {steps} steps: {w:.1f} ms vs {steps} plain steps {r:.1f} ms = {w / r:.2f}x (target <= 2x)")
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ import torch
 from tiny_k3.cache import KDAState, MLACache, ModelCache
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.model import WEIGHTS, load_model, resolve_device
+from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import EOS, decode, encode, token_text
 
 from .frame import Choice, Frame, MemoryRecord, SublayerView
@@ -74,6 +75,17 @@ def top_tokens(logits: np.ndarray, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
     top_ids, top_probs = ids.astype(np.int64), p[ids].astype(np.float32)
     top_ids.flags.writeable = top_probs.flags.writeable = False
     return top_ids, top_probs
+
+
+class _Tee(Recorder):
+    """Hands every event to two recorders (a Frame's and a what-if's), in order."""
+
+    def __init__(self, first: Recorder, second: Recorder):
+        self.first, self.second = first, second
+
+    def record(self, event: str, layer: int, **data) -> None:
+        self.first.record(event, layer, **data)
+        self.second.record(event, layer, **data)
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -228,6 +240,16 @@ class Simulation:
         self.cursor = len(self._frames) - 1
         return self.frame
 
+    def what_if(self, *changes, steps: int = 1):
+        """What would the model have done at the cursor if ... (sim.interventions changes) -> sim.whatif.WhatIf.
+
+        Recomputes the cursor's frame with the changes in force, then steps - 1 more tokens, beside the
+        original, from the decode state saved before the cursor; the timeline is left exactly as it was.
+        """
+        from .whatif import what_if
+
+        return what_if(self, changes, steps)
+
     # ------------------------------------------------------------------ views over the timeline
     def step_into(self, i: int | None = None) -> list[SublayerView]:
         """Frame i's sublayers in execution order: embed, per layer attention then MLP, then the head."""
@@ -349,17 +371,31 @@ class Simulation:
     @torch.no_grad()
     def _advance(self, token: int, choice: Choice, prompt: bool) -> Frame:
         """Feed `token` at the next position to the hybrid (recorded) and the twin; append the Frame."""
-        position = len(self._frames)
+        frame, logits, self._cache, self._twin_cache = self._compute_frame(
+            len(self._frames), token, choice, prompt, self._cache, self._twin_cache)
+        self._frames.append(frame)
+        self._logits.append(logits)
+        self._save_snapshot()
+        return frame
+
+    @torch.no_grad()
+    def _compute_frame(self, position: int, token: int, choice: Choice, prompt: bool, cache: ModelCache,
+                       twin_cache: ModelCache | None, hooks=None, watch: Recorder | None = None):
+        """One recorded decode step from `cache`, touching no timeline -> (Frame, logits, cache, twin_cache).
+
+        twin_cache None: the twin is not run (its bytes come from the formula). hooks: tiny_k3.hooks changes
+        in force (a what-if); watch: a second recorder that sees every event too (sim.whatif keeps outputs).
+        """
         x = torch.tensor([[token]], device=self.device)
         recorder = FrameRecorder(self._bias_cache)
         self._sync()
         t0 = time.perf_counter()
-        _, self._cache = self.model(x, self._cache, recorder=recorder)
+        _, cache = self.model(x, cache, recorder=recorder if watch is None else _Tee(recorder, watch), hooks=hooks)
         self._sync()
         t1 = time.perf_counter()
         twin_ms = float("nan")
-        if self.twin_model is not None:
-            _, self._twin_cache = self.twin_model(x, self._twin_cache)
+        if self.twin_model is not None and twin_cache is not None:
+            _, twin_cache = self.twin_model(x, twin_cache)
             self._sync()
             twin_ms = 1e3 * (time.perf_counter() - t1)
         rec = recorder.finish()
@@ -372,12 +408,9 @@ class Simulation:
             index=position, position=position, input_id=token, input_text=token_text(token),
             token_id=chosen, token_text=token_text(chosen), top_ids=top_ids, top_probs=top_probs,
             routing=rec.routing, kda=rec.kda, depth=rec.depth, sublayers=rec.sublayers,
-            memory=self._memory(position + 1), step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms,
+            memory=self._memory(cache, twin_cache, position + 1), step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms,
             embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice))
-        self._frames.append(frame)
-        self._logits.append(logits)
-        self._save_snapshot()
-        return frame
+        return frame, logits, cache, twin_cache
 
     @staticmethod
     def _choice_fields(choice: Choice) -> dict:
@@ -386,14 +419,14 @@ class Simulation:
             return {"forced": True, "temperature": None, "seed": None}
         return {"forced": False, "temperature": choice.temperature, "seed": choice.seed}
 
-    def _memory(self, tokens: int) -> MemoryRecord:
-        if self.twin_model is not None:
-            twin_kv = self._twin_cache.kv_bytes()
+    def _memory(self, cache: ModelCache, twin_cache: ModelCache | None, tokens: int) -> MemoryRecord:
+        if self.twin_model is not None and twin_cache is not None:
+            twin_kv = twin_cache.kv_bytes()
         else:  # no twin run: its cache is a formula of the token count (sim.memory, checked by the tests)
             from .memory import cache_bytes
             twin_kv = cache_bytes(self.twin_config, tokens)[0]
-        return MemoryRecord(kv_bytes=self._cache.kv_bytes(), state_bytes=self._cache.state_bytes(),
-                            twin_kv_bytes=twin_kv, layer_bytes=tuple(self._cache.layer_bytes()))
+        return MemoryRecord(kv_bytes=cache.kv_bytes(), state_bytes=cache.state_bytes(),
+                            twin_kv_bytes=twin_kv, layer_bytes=tuple(cache.layer_bytes()))
 
     def _save_snapshot(self) -> None:
         p = self._cache.position
@@ -405,6 +438,12 @@ class Simulation:
     @torch.no_grad()
     def _restore(self, tokens: int) -> None:
         """Set both caches to their state after `tokens` tokens of the timeline (a prefix of the live ones)."""
+        self._cache, self._twin_cache = self._caches_at(tokens)
+        self._snapshots = {p: s for p, s in self._snapshots.items() if p <= tokens}
+
+    @torch.no_grad()
+    def _caches_at(self, tokens: int) -> tuple[ModelCache, ModelCache]:
+        """New (hybrid, twin) caches as they were after `tokens` tokens of the timeline; the live ones stay."""
         base = max((p for p in self._snapshots if p <= tokens), default=0)
         cache = ModelCache(self.config.num_layers)
         for i, c in enumerate(self._cache.layers):
@@ -414,13 +453,11 @@ class Simulation:
         cache.position = base
         for f in self._frames[base:tokens]:            # replay the recorded tokens: same inputs, same state
             _, cache = self.model(torch.tensor([[f.input_id]], device=self.device), cache)
-        self._cache = cache
         # The all-MLA twin's whole decode state is a KV cache: cutting it is its restore.
         twin = ModelCache(self.config.num_layers)
         twin.layers = [None if c is None else c.truncate(tokens) for c in self._twin_cache.layers]
         twin.position = tokens
-        self._twin_cache = twin
-        self._snapshots = {p: s for p, s in self._snapshots.items() if p <= tokens}
+        return cache, twin
 
     def _branch(self, choice: Choice) -> None:
         """Make `choice` for the cursor's frame: drop the frames after it and restore the decode state."""

@@ -38,6 +38,9 @@ SOLVED = {
     checks.check_ep_bytes: solutions.ep_bytes,
     checks.check_sublayer_order: solutions.sublayer_order,
     checks.check_num_sources: solutions.num_sources,
+    checks.check_ablated_route: solutions.ablated_route,
+    checks.check_kl: solutions.kl,
+    checks.check_reset_head: solutions.reset_head,
 }
 
 

@@ -29,7 +29,8 @@ nbformat = pytest.importorskip("nbformat")
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
 EXPECTED = ["01_sixteen_of_896.py", "02_delta_rule.py", "03_memory_that_does_not_grow.py",
-            "04_attention_residuals.py", "05_serving_economics.py", "06_walk_one_token.py"]
+            "04_attention_residuals.py", "05_serving_economics.py", "06_walk_one_token.py",
+            "07_change_it_and_see.py"]
 CELL_TIMEOUT = 180         # seconds per cell: a hang guard (generous: the CI machine is shared)
 LESSON_BUDGET_S = 30.0     # the target per lesson on 2 cores (reported, not asserted)
 WORKERS = 2
@@ -265,6 +266,31 @@ def test_lesson6_facts(executed):
     assert f["forced"] != f["model_choice"], f
     assert f["branch"].startswith(f["prompt"] + f["forced"]) and f["branch"] != f["before"], f
     assert len(f["mla_write_rms"]) == 2 and all(v >= 0 for v in f["mla_write_rms"])
+
+
+def test_lesson7_facts(executed):
+    f = _facts(executed, "07_change_it_and_see.py")
+    # "what_if() with no change is the original exactly"
+    assert f["noop_kl"] == 0.0 and f["noop_same"] is True, f
+    p = f["recall_p"]
+    assert all(0.0 <= v <= 1.0 for v in p.values()) and f["reset_kl"] >= 0 and f["window_kl"] >= 0, p
+    # the printed reading of the two KLs
+    assert f["memory_in_kda"] == (f["reset_kl"] > 10 * f["window_kl"]), f
+    if f["kda_only_present"]:
+        assert 0.0 <= f["kda_only_p"]["reset KDA"] <= 1.0 and f["kda_only_reset_kl"] >= 0, f
+    # "one expert of 896 hardly matters": the ablation moves the loss by well under 1%, and it is never chosen
+    assert f["ablated_never_chosen"] is True and f["ablated_tokens"] > 0, f
+    assert abs(f["loss_ablate"] - f["loss"]) < 0.01 * f["loss"], f
+    # "without the bias a few experts take most tokens and hundreds sit idle"
+    assert all(a > 2 * b for a, b in zip(f["balance_after"], f["balance_before"])), f
+    assert all(a > b + 100 for a, b in zip(f["idle_after"], f["idle_before"])), f
+    # "the depth weights carry much of what training learned"
+    assert f["loss_uniform"] > f["loss"] + 0.3, f
+    # "a short window starves the twin; the hybrid's KDA layers carry the past and the window hardly touches it"
+    hybrid, twin = f["window_losses"]["small (hybrid)"], f["window_losses"].get("small-twin (all MLA)")
+    assert hybrid[0] - hybrid[-1] < 0.05 and f["forget_window"]["small (hybrid)"] is None, f
+    if twin is not None:
+        assert twin[0] - twin[-1] > 1.0 and f["forget_window"]["small-twin (all MLA)"] is not None, f
 
 
 def test_figures_are_readable_on_a_projector():

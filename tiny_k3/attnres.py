@@ -85,10 +85,16 @@ class DepthStream:
         """Names of `sources()`, as front ends label them: "emb", the block sums "b1", "b2", ..., "partial"."""
         return ["emb"] + [f"b{i}" for i in range(1, len(self.blocks))] + (["partial"] if self.partial is not None else [])
 
-    def read(self, depth: DepthAttention | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The input h_l of the next sublayer and its depth weights [B, T, N] (None for standard)."""
+    def read(self, depth: DepthAttention | None, uniform: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The input h_l of the next sublayer and its depth weights [B, T, N] (None for standard).
+
+        uniform: read with w_l = 0 instead of the learned query, so the weights are exactly 1/N (§3's
+        standard-residual picture); a what-if hook (tiny_k3.hooks), not used in training."""
         if self.mode == "standard":
             return self.blocks[0], None
+        if uniform:
+            zero = torch.zeros_like(depth.query)
+            return depth_attention(torch.stack(self.sources()), zero, depth.key_norm, depth.eps)
         return depth(self.sources())
 
     def add(self, out: torch.Tensor) -> None:

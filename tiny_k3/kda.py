@@ -428,8 +428,10 @@ class KDALayer(nn.Module):
         return out, full[:, full.shape[1] - (self.conv_kernel - 1):].clone()  # clone: don't pin all of `full`
 
     def forward(self, x: torch.Tensor, cache: KDAState | None = None, recorder: Recorder = NO_RECORDER,
-                layer: int = 0) -> tuple[torch.Tensor, KDAState]:
-        """x [B,T,D] -> (y [B,T,D], the KDAState after these T tokens). cache: the state before them, or None."""
+                layer: int = 0, hooks=None) -> tuple[torch.Tensor, KDAState]:
+        """x [B,T,D] -> (y [B,T,D], the KDAState after these T tokens). cache: the state before them, or None.
+
+        `hooks` (tiny_k3.hooks.Hooks) may zero heads of `cache` first and scale g; None: as trained."""
         if x.dim() != 3 or x.shape[-1] != self.config.hidden_size:
             raise ValueError(f"KDALayer: x must have shape [B, T, D] with D = hidden_size = "
                              f"{self.config.hidden_size}, got {list(x.shape)}.")
@@ -441,6 +443,8 @@ class KDALayer(nn.Module):
             raise ValueError(f"KDA cache must hold state [B, H, K, V] = {[B, H, K, V]} and conv "
                              f"[B, W-1, C] = {[B, self.conv_kernel - 1, C]}, got {list(cache.state.shape)} "
                              f"and {list(cache.conv.shape)}.")
+        if hooks is not None:
+            cache = hooks.reset_state(layer, cache, H, K)
         fp = _compute_dtype(x)  # q,k,v after the conv, gates, state, output norm: float32 (float64 for float64 x)
 
         projected, gate_low_rank, beta_logit = self._in_proj(x)              # q|k|v, f_a x, b x: one matmul
@@ -452,6 +456,8 @@ class KDALayer(nn.Module):
         k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
         v = v.reshape(B, T, H, V)
         g = kda_gate(self.f_b_proj(gate_low_rank).view(B, T, H, K), self.A_log, self.dt_bias, self.lower_bound)
+        if hooks is not None:
+            g = hooks.scale_decay(layer, g)
         beta = torch.sigmoid(beta_logit.to(fp))
 
         prev = None if cache is None else cache.state

@@ -75,11 +75,13 @@ class GatedMLA(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder: Recorder = NO_RECORDER,
                 layer: int = 0, positions: torch.Tensor | None = None,
-                key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, MLACache]:
+                key_mask: torch.Tensor | None = None, hooks=None) -> tuple[torch.Tensor, MLACache]:
         """x [B, T, D] (already RMS-normed) -> (y [B, T, D], cache grown by T tokens).
 
         positions [B, T] long: each token's position for RoPE (default: past + t); unused without `mla_rope`.
         key_mask [B, past + T] bool: False marks padding tokens, which no query may attend to; None: all real.
+        `hooks.attention_window` (tiny_k3.hooks) limits each query to the last `window` keys, itself included;
+        the cache still keeps every token (a sliding window changes what is read, not what is stored).
         """
         B, T, _ = x.shape
         kv, q_first, *gate = self._x_proj(x)                    # W_kva x, W_q(a) x, and W_g x where K3's gate is
@@ -105,11 +107,15 @@ class GatedMLA(nn.Module):
         k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, self.heads, self.rope)], dim=-1)
 
         scores = torch.einsum("bthd,bshd->bhts", q, k) * self.scale
-        if T > 1 or key_mask is not None:  # query t sits at position past + t and sees keys 0 .. past + t
-            causal = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
+        window = None if hooks is None else hooks.attention_window
+        if T > 1 or key_mask is not None or window is not None:  # query t sits at position past + t
+            query_pos = (past + torch.arange(T, device=x.device))[:, None]
+            keys = torch.arange(S, device=x.device)[None, :]
+            causal = keys <= query_pos            # decode without a window or mask: all S keys, no mask
+            if window is not None:                # a what-if window: and key > query - window
+                causal = causal & (keys > query_pos - window)
             if key_mask is not None:  # padding keys are hidden; a padding query still sees itself (no empty rows)
-                own = torch.arange(S, device=x.device)[None, :] == (past + torch.arange(T, device=x.device))[:, None]
-                causal = (causal & (key_mask[:, None, :].bool() | own))[:, None]                  # [B, 1, T, S]
+                causal = (causal & (key_mask[:, None, :].bool() | (keys == query_pos)))[:, None]   # [B, 1, T, S]
             scores = scores.masked_fill(~causal, float("-inf"))
         probs = scores.softmax(dim=-1)
         attn = torch.einsum("bhts,bshd->bthd", probs, v)

@@ -66,9 +66,10 @@ class Block(nn.Module):
         self.mlp_res = DepthAttention(config.hidden_size, config.rms_norm_eps, **kw) if depth else None
 
     def forward(self, stream: DepthStream, cache: ModelCache, recorder: Recorder = NO_RECORDER,
-                padding: Padding | None = None) -> None:
+                padding: Padding | None = None, hooks=None) -> None:
         i = self.index
-        h, weights = stream.read(self.attn_res)
+        uniform = hooks is not None and i in hooks.uniform_depth
+        h, weights = stream.read(self.attn_res, uniform)
         recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
         x = self.attn_norm(h)
         extra = {}
@@ -79,14 +80,14 @@ class Block(nn.Module):
             x = torch.where(padding.mask[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
         elif padding is not None:
             extra = dict(positions=padding.positions, key_mask=padding.key_mask)
-        out, cache.layers[i] = self.attn(x, cache.layers[i], recorder=recorder, layer=i, **extra)
+        out, cache.layers[i] = self.attn(x, cache.layers[i], recorder=recorder, layer=i, hooks=hooks, **extra)
         recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
         stream.add(out)
 
-        h, weights = stream.read(self.mlp_res)
+        h, weights = stream.read(self.mlp_res, uniform)
         recorder.record("depth", i, site="mlp", weights=weights, h=h.detach())
         x = self.mlp_norm(h)
-        out = self.mlp(x) if self.mlp_kind == "dense" else self.mlp(x, recorder=recorder, layer=i)
+        out = self.mlp(x) if self.mlp_kind == "dense" else self.mlp(x, recorder=recorder, layer=i, hooks=hooks)
         recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=out.detach())
         stream.add(out)
 
@@ -126,7 +127,7 @@ class TinyK3(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None,
                 recorder: Recorder | None = None,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ModelCache]:
+                attention_mask: torch.Tensor | None = None, hooks=None) -> tuple[torch.Tensor, ModelCache]:
         """tokens [B, T] (long) -> (logits [B, T, vocab], the cache advanced by T tokens).
 
         attention_mask [B, T] (bool or 0/1): 0 marks padding, which must come first in each row (left
@@ -134,6 +135,8 @@ class TinyK3(nn.Module):
         changes no KDA state or conv tail, is invisible to MLA, and RoPE counts positions over real tokens.
         Logits at padding positions are meaningless; padding still runs through the MLPs (each token on its own)
         and counts in an MoE's `last_load`.
+        hooks: a tiny_k3.hooks.Hooks of what-if changes (routing, KDA state and decay, depth weights, MLA
+        window) in force for this call; None runs the model as trained.
         """
         cfg = self.config
         recorder = NO_RECORDER if recorder is None else recorder
@@ -152,8 +155,9 @@ class TinyK3(nn.Module):
         recorder.record("embed", -1, x=x.detach())
         stream = DepthStream(x, cfg.residual, cfg.attnres_block_size)
         for block in self.blocks:
-            block(stream, cache, recorder, padding)
-        h, weights = stream.read(self.out_res)
+            block(stream, cache, recorder, padding, hooks)
+        uniform = hooks is not None and cfg.num_layers in hooks.uniform_depth    # the final read, before the head
+        h, weights = stream.read(self.out_res, uniform)
         recorder.record("depth", cfg.num_layers, site="out", weights=weights, h=h.detach())
         logits = self.lm_head(self.final_norm(h))
         recorder.record("logits", cfg.num_layers, logits=logits.detach())

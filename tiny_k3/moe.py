@@ -135,10 +135,14 @@ class Router(nn.Module):
         self.register_buffer("bias", torch.zeros(num_experts, device=device, dtype=torch.float32))
         nn.init.normal_(self.weight, std=init_std)
 
-    def forward(self, x: torch.Tensor) -> Routing:
-        """x [..., D] -> Routing. Scores in fp32 (or wider, for a float64 x) on the full-width state (§1c)."""
+    def forward(self, x: torch.Tensor, hooks=None, layer: int = 0) -> Routing:
+        """x [..., D] -> Routing. Scores in fp32 (or wider, for a float64 x) on the full-width state (§1c).
+
+        `hooks` (tiny_k3.hooks.Hooks) may block, force or unbias this layer's selection; None: as trained."""
         dtype = torch.promote_types(x.dtype, torch.float32)
         scores = torch.sigmoid(F.linear(x.to(dtype), self.weight.to(dtype)))
+        if hooks is not None and hooks.changes_routing(layer):
+            return hooks.route(layer, scores, self)
         return route(scores, self.bias, self.top_k, self.renormalize, self.scaling)
 
     @torch.no_grad()
@@ -196,19 +200,20 @@ class LatentMoE(nn.Module):
             return torch.zeros(self.config.num_experts, device=self.w1.device)
         return torch.bincount(self._last_ids, minlength=self.config.num_experts).float()
 
-    def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0) -> torch.Tensor:
-        """x [B, T, D] -> [B, T, D]."""
-        routing = self.route_tokens(x, recorder, layer)
+    def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0, hooks=None) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]. `hooks`: routing changes for a what-if (tiny_k3.hooks), None: none."""
+        routing = self.route_tokens(x, recorder, layer, hooks)
         z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
         y = self.mix_experts(z, routing.expert_ids.reshape(-1), routing.weights.reshape(-1).to(z.dtype))
         return self.combine(y.reshape(*x.shape[:-1], -1), x)
 
-    def route_tokens(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0) -> Routing:
+    def route_tokens(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0,
+                     hooks=None) -> Routing:
         """Route x [B, T, D] and report it (the "moe" event); the ids are kept for `last_load`."""
         if x.shape[-1] != self.config.hidden_size:
             raise ValueError(f"LatentMoE expects inputs of width hidden_size={self.config.hidden_size}, "
                              f"got shape {list(x.shape)}.")
-        routing = self.router(x)
+        routing = self.router(x, hooks, layer)
         self._last_ids = routing.expert_ids.reshape(-1).detach()   # counted lazily by `last_load`
         recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
                         expert_ids=routing.expert_ids.detach(), weights=routing.weights.detach())

@@ -25,6 +25,9 @@ One module per lesson (lessonN.py), shared helpers and the registry in _common.p
     5.3 check_ep_bytes         expert-parallel traffic per token
     6.1 check_sublayer_order   the sublayers one token passes through
     6.2 check_num_sources      how many depth sources a sublayer reads
+    7.1 check_ablated_route    routing with an ablated expert
+    7.2 check_kl               KL between the original's and the what-if's prediction
+    7.3 check_reset_head       wiping one KDA head's state and conv tail
 """
 
 from ._common import EXERCISES, Exercise, ExerciseError, find_exercise, hint
@@ -34,10 +37,12 @@ from .lesson3 import check_kda_state_bytes, check_mla_cache_bytes
 from .lesson4 import check_block_sources, check_depth_attention
 from .lesson5 import check_ep_bytes, check_mxfp4_bytes, check_release_bytes
 from .lesson6 import check_num_sources, check_sublayer_order
+from .lesson7 import check_ablated_route, check_kl, check_reset_head
 
 ALL_CHECKS = [ex.check for ex in EXERCISES.values()]     # in lesson order
 
 __all__ = ["ALL_CHECKS", "EXERCISES", "Exercise", "ExerciseError", "find_exercise", "hint", "check_route",
            "check_active_params", "check_bias_update", "check_kda_step", "check_kda_gate", "check_mla_cache_bytes",
            "check_kda_state_bytes", "check_depth_attention", "check_block_sources", "check_mxfp4_bytes",
-           "check_release_bytes", "check_ep_bytes", "check_sublayer_order", "check_num_sources"]
+           "check_release_bytes", "check_ep_bytes", "check_sublayer_order", "check_num_sources",
+           "check_ablated_route", "check_kl", "check_reset_head"]

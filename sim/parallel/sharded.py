@@ -89,10 +89,10 @@ class ExpertParallelMoE(nn.Module):
                                group=self.group)
         return out
 
-    def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0) -> torch.Tensor:
-        """x [B, T, D] (this rank's tokens) -> [B, T, D]."""
+    def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0, hooks=None) -> torch.Tensor:
+        """x [B, T, D] (this rank's tokens) -> [B, T, D]. hooks: what-if routing changes, as in LatentMoE."""
         k, l, N = self.config.top_k, self.config.latent_dim, self.world_size
-        routing = self.moe.route_tokens(x, recorder, layer)
+        routing = self.moe.route_tokens(x, recorder, layer, hooks)
         z = self.moe.down(x).reshape(-1, l)                                                 # [n, l]
         plan = plan_dispatch(routing.expert_ids.reshape(-1, k), routing.weights.reshape(-1, k), len(self.experts), N)
 

@@ -1,0 +1,369 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 7 — Change it and see
+#
+# Lessons 1–6 watched the model. Here we *change* it and watch what follows: knock out an expert, wipe
+# a recurrent state, switch off the selection bias, flatten the depth weights, shorten the context. A
+# mechanism is understood when you can predict what breaking it does.
+#
+# `Simulation.what_if(*changes, steps=n)` asks "what would the model have done here if …": it recomputes
+# the cursor's frame from the decode state saved before it, with the changes in force, then `n - 1` more
+# tokens, beside the original — and never touches the main timeline. The changes (`sim.interventions`):
+#
+# | change | what it changes | where in the forward pass |
+# |---|---|---|
+# | `AblateExpert(layer, expert)` | the expert can never be selected | router, before top-k (biased score → −∞) |
+# | `ForceExperts(layer, experts)` | exactly these k experts | router, instead of top-k |
+# | `NoSelectionBias(layer=None)` | select on topk(s), not topk(s + b) | router, before top-k |
+# | `ResetState(layer=None, head=None)` | KDA state S and conv tail zeroed, once | KDA layer, before the cursor's token |
+# | `ScaleDecay(layer=None, factor=…)` | g → factor · g | KDA layer, after the gate |
+# | `UniformDepth(layer=None)` | depth weights 1/N | every AttnRes read (query w = 0) |
+# | `TruncateContext(window)` | a query sees the last `window` tokens only | MLA causal mask |
+#
+# Every number below is computed on the shipped checkpoints when the cell runs; the sentences that
+# depend on the model are printed from those numbers (and collected in `facts`).
+
+# %%
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from checks import check_ablated_route, check_kl, check_reset_head, hint  # noqa: F401  (hint: for you)
+from figures import depth_grid
+from workshop import exercise, heatmap, integer_ticks, plt, step_slider, try_exercise
+from sim import Simulation
+from sim.interventions import (AblateExpert, NoSelectionBias, ResetState, TruncateContext, UniformDepth,
+                               to_hooks)
+from tiny_k3 import K3Config, TinyK3, TraceRecorder
+from tiny_k3.corpus import sample_corpus
+from tiny_k3.tokenizer import encode
+from tiny_k3.weights import available_pretrained
+
+facts = {}
+KEY_VALUE = "47"
+RECALL = f"ka=41; key={KEY_VALUE}; the red fox sees a box. | key="   # the training corpus's recall format
+sim = Simulation("small", RECALL, seed=0, twin=False)
+cfg = sim.config
+answer_id = encode(KEY_VALUE[0], bos=False)[0]
+facts["recall_distance"] = len(encode(RECALL)) - len(encode(RECALL[:RECALL.index(KEY_VALUE)]))
+print(sim, f"\nprompt: {RECALL!r}  (the right answer: {KEY_VALUE!r}, written {facts['recall_distance']} tokens "
+      f"before the query)")
+
+noop = sim.what_if(steps=1)
+facts["noop_kl"] = noop.kl[0]
+facts["noop_same"] = noop.frames[0].same_as(sim.frame) and np.array_equal(noop.logits_after[0], noop.logits_before[0])
+print(f"what_if() with no change: KL {noop.kl[0]}, frame identical to the timeline's: {facts['noop_same']}")
+
+
+# %% [markdown]
+# ## 1. Wipe the memory at the recall query
+#
+# The value was written a few dozen tokens before the query (printed above). At `key=` the model must fetch it. Two memories
+# could hold it: the **KDA states** (fixed size, lesson 2) and the **MLA caches** (every token, lesson 3).
+# `ResetState()` wipes all KDA states just before the query token; `TruncateContext(1)` blinds the MLA
+# layers to everything but the current token; both together leave the model nothing. Three generated
+# tokens each.
+
+# %%
+def p_answer(logits) -> float:
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max())
+    return float(p[answer_id] / p.sum())
+
+
+conditions = {"original": (), "reset KDA": (ResetState(),), "MLA window 1": (TruncateContext(1),),
+              "both": (ResetState(), TruncateContext(1))}
+recall = {name: sim.what_if(*changes, steps=3) for name, changes in conditions.items()}
+for name, w in recall.items():
+    print(f"{name:13s} -> {w.text_after!r:8s} p({KEY_VALUE[0]!r}) = {p_answer(w.logits_after[0]):.3f}  "
+          f"KL {w.kl[0]:.4f}  first divergence: {w.first_divergence[0]}")
+
+base = recall["original"]
+facts["recall_right"] = base.text_after.startswith(KEY_VALUE)
+facts["recall_p"] = {name: p_answer(w.logits_after[0]) for name, w in recall.items()}
+facts["reset_survives"] = recall["reset KDA"].text_after[:2] == base.text_after[:2]
+facts["reset_kl"], facts["window_kl"] = recall["reset KDA"].kl[0], recall["MLA window 1"].kl[0]
+print(f"\nThe hybrid answers {base.text_after[:2]!r}: {'right' if facts['recall_right'] else 'wrong'} "
+      f"(p = {facts['recall_p']['original']:.3f} on the first digit; chance among 10 digits is 0.1).")
+print(f"Wiping every KDA state {'leaves the answer as it was' if facts['reset_survives'] else 'changes the answer'} "
+      f"(KL {facts['reset_kl']:.4f}); blinding the MLA layers moves it by KL {facts['window_kl']:.5f}.")
+
+# %% [markdown]
+# The all-KDA model `small-kda` (lesson 3's ablation) has no MLA cache at all: after a reset it keeps
+# nothing of the prompt but the current token. When its checkpoint ships, the cell below runs the same
+# experiment on it; until then it says so.
+
+# %%
+KDA_ONLY = "small-kda"
+facts["kda_only_present"] = KDA_ONLY in K3Config.presets() and KDA_ONLY in available_pretrained()
+if facts["kda_only_present"]:
+    lin = Simulation(KDA_ONLY, RECALL, seed=0, twin=False)
+    lin_base, lin_reset = lin.what_if(steps=3), lin.what_if(ResetState(), steps=3)
+    facts["kda_only_p"] = {"original": p_answer(lin_base.logits_after[0]),
+                           "reset KDA": p_answer(lin_reset.logits_after[0])}
+    facts["kda_only_reset_kl"] = lin_reset.kl[0]
+    print(f"{KDA_ONLY}: original -> {lin_base.text_after!r} (p = {facts['kda_only_p']['original']:.3f}); after the "
+          f"reset -> {lin_reset.text_after!r} (p = {facts['kda_only_p']['reset KDA']:.3f}, KL {lin_reset.kl[0]:.4f})")
+else:
+    print(f"no {KDA_ONLY!r} checkpoint ships yet (have: {', '.join(available_pretrained())}); "
+          f"this cell runs the same reset on it once it does.")
+
+fig, ax = plt.subplots(figsize=(8, 3.2))
+models = {"small (hybrid)": facts["recall_p"]}
+if facts["kda_only_present"]:
+    models[KDA_ONLY] = facts["kda_only_p"]
+names = list(conditions)
+for j, (model_name, ps) in enumerate(models.items()):
+    ax.bar(np.arange(len(names)) + 0.38 * j, [ps.get(n, np.nan) for n in names], width=0.36, label=model_name)
+ax.axhline(0.1, color="grey", ls="--", lw=1, label="chance (1 of 10 digits)")
+ax.set_xticks(np.arange(len(names)) + 0.19 * (len(models) - 1), names)
+ax.set_xlabel("what was wiped just before the query token"), ax.set_ylabel(f"p(next = {KEY_VALUE[0]!r})")
+ax.set_title(f"recall of key={KEY_VALUE} at the query"), ax.legend()
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# **Why.** A reset zeroes S in every KDA layer but leaves the MLA layers' caches whole: in principle the
+# prompt can come back through them. Whether it does is a property of the trained model — compare the
+# two KLs: the one that moves the prediction more is the memory this checkpoint actually reads. An
+# all-KDA model has no second copy at all. And an answer can only "survive" if the model recalled it in
+# the first place: the printed lines say whether it did.
+
+# %%
+reads_kda = facts["reset_kl"] > 10 * facts["window_kl"]
+facts["memory_in_kda"] = reads_kda
+print("This checkpoint reads the prompt through its " + ("KDA states: wiping them moves the prediction "
+      f"{facts['reset_kl'] / max(facts['window_kl'], 1e-12):.0f}x more than blinding the MLA layers, so the MLA "
+      "cache does not rescue a reset here." if reads_kda else "MLA caches as much as through its KDA states: "
+      "blinding the MLA layers matters about as much as a reset."))
+
+# %% [markdown]
+# Step through the reset what-if token by token: top-5 before and after, and where it first diverged.
+
+# %%
+reset = recall["reset KDA"]
+
+
+def show_step(s, w=reset):
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 2.8), sharex=True)
+    for ax, top, title in ((a1, w.top_before[s], "original"), (a2, w.top_after[s], "KDA states wiped")):
+        ax.barh([repr(t) for _, t, _ in top][::-1], [p for _, _, p in top][::-1], color="tab:blue")
+        ax.set_xlabel("probability"), ax.set_ylabel("next token"), ax.set_title(f"step {s}: {title}")
+    fig.suptitle(f"KL {w.kl[s]:.4f} nats · first divergence: {w.first_divergence[s]}")
+    plt.tight_layout(); plt.show()
+
+
+step_slider(show_step, reset.steps, description="step")
+
+# %% [markdown]
+# ## 2. Knock out the most used expert
+#
+# Over a held-out stretch of the training corpus (256 tokens, one prefill each), find the expert of
+# layer 4 that took the most tokens, ablate it, and measure the loss and who takes its tokens.
+# `to_hooks` turns the same changes into the model's plain hooks, so a whole sequence runs at once.
+
+# %%
+text_ids = torch.tensor([encode(sample_corpus(1200, seed=123457))[:256]])
+
+
+@torch.no_grad()
+def run(model, changes=(), record=False):
+    """(loss in nats per token, {MoE layer: expert ids [T, k]}) of the held-out text under the changes."""
+    rec = TraceRecorder() if record else None
+    logits, _ = model(text_ids, recorder=rec, hooks=to_hooks(changes, model.config) if changes else None)
+    loss = float(F.cross_entropy(logits[0, :-1].float(), text_ids[0, 1:]))
+    return loss, ({layer: d["expert_ids"][0] for layer, d in rec.of("moe")} if record else None)
+
+
+LAYER = 4
+loss0, ids0 = run(sim.model, record=True)
+load0 = {layer: torch.bincount(i.flatten(), minlength=cfg.num_experts) for layer, i in ids0.items()}
+top = int(load0[LAYER].argmax())
+loss_ablate, ids_ablate = run(sim.model, [AblateExpert(LAYER, top)], record=True)
+hit = (ids0[LAYER] == top).any(-1)                                       # tokens that used it
+took = [e for a, b in zip(ids0[LAYER][hit], ids_ablate[LAYER][hit]) for e in set(b.tolist()) - set(a.tolist())]
+heir, heir_n = (int(np.bincount(took).argmax()), int(np.bincount(took).max())) if took else (None, 0)
+facts.update(ablated=top, ablated_tokens=int(hit.sum()), loss=loss0, loss_ablate=loss_ablate, heir=heir,
+             heir_tokens=heir_n, ablated_never_chosen=not bool((ids_ablate[LAYER] == top).any()))
+print(f"layer {LAYER}: expert {top} took {int(hit.sum())} of {text_ids.shape[1]} tokens "
+      f"({int(hit.sum()) / text_ids.shape[1]:.0%}; the mean expert takes {cfg.top_k / cfg.num_experts:.1%})")
+print(f"loss {loss0:.4f} -> {loss_ablate:.4f} nats/token (Δ {loss_ablate - loss0:+.5f}); chosen after the "
+      f"ablation: never ({facts['ablated_never_chosen']})")
+print(f"its tokens went to {len(set(took))} different experts; the most common heir, expert {heir}, took {heir_n}")
+
+after = torch.bincount(ids_ablate[LAYER].flatten(), minlength=cfg.num_experts)
+show = torch.argsort(load0[LAYER], descending=True)[:24]
+fig, ax = plt.subplots(figsize=(9, 3))
+x = np.arange(len(show))
+ax.bar(x - 0.2, load0[LAYER][show], 0.4, label="original", color="tab:grey")
+ax.bar(x + 0.2, after[show], 0.4, label=f"expert {top} ablated", color="tab:red")
+ax.set_xticks(x, [str(int(e)) for e in show], rotation=90)
+ax.set_xlabel(f"expert id (layer {LAYER}, the 24 busiest)"), ax.set_ylabel("tokens routed"), ax.legend()
+integer_ticks(ax, "y")
+ax.set_title(f"who takes over when expert {top} is gone")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# One expert of 896 is 0.11% of the layer's routed parameters, and its 16 slots per token are shared
+# with 15 others and the shared experts: the next in line does nearly the same job. That redundancy is
+# what fine-grained MoE buys (lesson 1's granularity family).
+#
+# ## 3. Switch off the selection bias
+#
+# The bias b was trained only to balance the load (aux-loss-free, lesson 1). Route the same text on the
+# unbiased scores alone and count tokens per expert: max load / mean load (1 = perfectly even) and how
+# many experts sit idle.
+
+# %%
+loss_nobias, ids_nobias = run(sim.model, [NoSelectionBias()], record=True)
+load1 = {layer: torch.bincount(i.flatten(), minlength=cfg.num_experts) for layer, i in ids_nobias.items()}
+layers = sorted(load0)
+ratio = lambda load: float(load.max() / load.float().mean())  # noqa: E731
+facts["balance_before"] = [ratio(load0[layer]) for layer in layers]
+facts["balance_after"] = [ratio(load1[layer]) for layer in layers]
+facts["idle_before"] = [int((load0[layer] == 0).sum()) for layer in layers]
+facts["idle_after"] = [int((load1[layer] == 0).sum()) for layer in layers]
+facts["loss_nobias"] = loss_nobias
+for layer, b, a, i0, i1 in zip(layers, facts["balance_before"], facts["balance_after"], facts["idle_before"],
+                               facts["idle_after"]):
+    print(f"L{layer}: max/mean load {b:5.2f} -> {a:5.2f}   idle experts {i0:3d} -> {i1:3d} of {cfg.num_experts}")
+print(f"loss {loss0:.4f} -> {loss_nobias:.4f} nats/token without the bias")
+
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+x = np.arange(len(layers))
+a1.bar(x - 0.2, facts["balance_before"], 0.4, label="with bias (as trained)")
+a1.bar(x + 0.2, facts["balance_after"], 0.4, label="no bias")
+a1.set_xticks(x, [f"L{layer}" for layer in layers]), a1.set_xlabel("MoE layer"), a1.set_ylabel("max load / mean load")
+a1.legend(), a1.set_title("load balance")
+for load, label in ((load0[LAYER], "with bias"), (load1[LAYER], "no bias")):
+    a2.plot(np.sort(load.numpy())[::-1], label=label)
+a2.set_yscale("symlog"), a2.set_xlabel(f"experts of L{LAYER}, busiest first"), a2.set_ylabel("tokens routed")
+a2.legend(), a2.set_title("load per expert")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Without the bias a few experts the router happens to like take most tokens and hundreds sit idle:
+# the bias is what spreads the work (and in an expert-parallel deployment, what keeps one GPU from
+# doing the work of four).
+#
+# ## 4. Uniform depth weights: what AttnRes had learned
+#
+# `UniformDepth()` sets every Attention Residuals query to zero: each sublayer reads the plain mean of
+# its sources, the standard-residual picture AttnRes starts from (lesson 4). The gap in loss is what
+# training put into the depth weights. Left, the learned weights at the recall query.
+
+# %%
+loss_uniform, _ = run(sim.model, [UniformDepth()])
+flat = sim.what_if(UniformDepth())
+facts.update(loss_uniform=loss_uniform, uniform_kl=flat.kl[0])
+reads = [d for d in sim.frame.depth if d.weights.size]
+grid, columns = depth_grid([(d.layer, d.site, d.weights) for d in reads], cfg.attnres_block_size, cfg.num_layers)
+print(f"loss {loss0:.4f} -> {loss_uniform:.4f} nats/token with uniform depth weights; at the query, KL "
+      f"{flat.kl[0]:.3f} and the top token {flat.top_before[0][0][1]!r} -> {flat.top_after[0][0][1]!r}")
+
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [1.3, 1]})
+heatmap(a1, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="magma",
+        xlabel="source (embedding, block sums, partial)", ylabel="depth read")
+a1.set_yticks(range(len(reads)), [f"L{d.layer} {d.site}" for d in reads])
+a1.set_xticks(range(len(columns)), columns)
+a1.set_title("learned depth weights at the query (uniform would be 1/N)")
+a2.bar(["as trained", "uniform (w = 0)"], [loss0, loss_uniform], color=["tab:blue", "tab:orange"])
+a2.set_ylabel("held-out loss (nats/token)"), a2.set_title("what the depth weights are worth")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 5. Truncate the context: when does the twin start to forget?
+#
+# The all-MLA twin keeps its whole memory in KV caches; the hybrid keeps most of it in KDA states.
+# `TruncateContext(window)` lets every MLA layer see only the last `window` tokens. Sweep the window
+# on the held-out text, for both models (the twin's checkpoint `small-twin` ships beside the hybrid).
+
+# %%
+twin = TinyK3.from_pretrained("small-twin").eval() if "small-twin" in available_pretrained() else None
+windows = [1, 4, 16, 64, 256]
+curve = {"small (hybrid)": [run(sim.model, [TruncateContext(w)])[0] for w in windows]}
+if twin is not None:
+    curve["small-twin (all MLA)"] = [run(twin, [TruncateContext(w)])[0] for w in windows]
+full = {name: losses[-1] for name, losses in curve.items()}        # window 256 = the whole text: no change
+for name, losses in curve.items():
+    print(f"{name:21s} " + "  ".join(f"w={w}: {v:.3f}" for w, v in zip(windows, losses)))
+forget = {name: max((w for w, v in zip(windows, losses) if v - full[name] > 0.05), default=None)
+          for name, losses in curve.items()}
+facts.update(window_losses=curve, forget_window=forget)
+for name, w in forget.items():
+    print(f"{name}: " + (f"loses more than 0.05 nats/token once the window is {w} tokens or fewer" if w else
+                         "never loses 0.05 nats/token, even at a window of 1"))
+
+fig, ax = plt.subplots(figsize=(7, 3.2))
+for name, losses in curve.items():
+    ax.plot(windows, losses, marker="o", label=name)
+ax.set_xscale("log", base=2), ax.set_xlabel("MLA window (tokens)"), ax.set_ylabel("held-out loss (nats/token)")
+ax.set_title("a sliding window: who forgets"), ax.legend()
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# The twin has nothing but its KV caches, so a short window starves it; the hybrid's KDA layers carry
+# the past in their fixed states and the window hardly touches it. That is the other side of lesson 3:
+# the fixed state is not only smaller, it is where this hybrid keeps its memory.
+#
+# ## Exercises
+#
+# ### Exercise 7.1 — routing with an ablated expert
+# `AblateExpert` changes one thing before top-k. Write the router's choice with some experts knocked out.
+
+# %% tags=["exercise"]
+@exercise("ablated_route")
+def my_ablated_route(scores, bias, top_k, ablated):
+    """scores [T, E], bias [E], top_k, ablated: list of ids -> (expert_ids [T, k], weights [T, k])."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_ablated_route, my_ablated_route)
+
+# %% [markdown]
+# ### Exercise 7.2 — how far did the prediction move?
+# `WhatIf.kl` compares the original next-token distribution with the branch's. Compute it from two
+# rows of logits.
+
+# %% tags=["exercise"]
+@exercise("kl")
+def my_kl(p_logits, q_logits):
+    """p_logits, q_logits [V] -> KL(softmax(p) || softmax(q)) in nats (a float)."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_kl, my_kl)
+
+# %% [markdown]
+# ### Exercise 7.3 — wipe one KDA head
+# `ResetState(layer, head)` clears everything that head remembers — without touching the timeline's copy.
+
+# %% tags=["exercise"]
+@exercise("reset_head")
+def my_reset_head(state, conv, head, num_heads, head_dim):
+    """state [B, H, K, V], conv [B, W-1, 3*H*K] -> a new (state, conv) with `head` wiped."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_reset_head, my_reset_head)
+
+# %% [markdown]
+# **Take-away.** Break one mechanism at a time and the model tells you what it was for: the selection
+# bias spreads the load, the depth weights carry much of what training learned, a single expert of 896
+# hardly matters, and this hybrid keeps its memory in its KDA states far more than in its MLA caches.
+# In the TUI, press `x` on a panel to ask the same questions of the frame you are looking at.

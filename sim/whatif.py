@@ -1,0 +1,167 @@
+"""What-if: recompute the cursor's frame with changes in force, beside the original, off the timeline.
+
+`Simulation.what_if(*changes, steps=1)` calls `what_if(sim, changes, steps)` here. From the decode state
+saved before the cursor's frame (sim._caches_at: a KDA snapshot, a cut KV cache), two runs go forward
+`steps` tokens: the original (no hooks) and the branch (the changes as tiny_k3 hooks; a ResetState only
+on the first token). Each step follows the timeline's choice rule: a forced token (the prompt) stays
+forced, a sampled one is drawn again, with the same temperature and seed, from that run's own logits.
+The main timeline, its caches and its snapshots are never written.
+
+Per step: KL(original || branch) of the next-token distributions, both top-5s, and the first sublayer
+(execution order: embed, L0 attn, L0 mlp, ..., head) whose output differs by more than 1e-6 relative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tiny_k3.probe import Recorder
+from tiny_k3.tokenizer import EOS, decode, token_text
+
+from .frame import Choice, Frame
+from .interventions import TruncateContext, check_changes, to_hooks
+
+DIVERGENCE_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The answer to "what would the model have done here if ...", one entry per step.
+
+    frames / original: the branch's and the original's Frames (frames[0] is the cursor's frame recomputed).
+    kl[s]: KL(p_original || p_branch) in nats over the next-token distributions of step s.
+    top_before[s] / top_after[s]: top-5 next tokens as (id, text, probability).
+    first_divergence[s]: label of the first sublayer whose output moved by > 1e-6 relative ("L2 attn · KDA"),
+    None when nothing did. text_before / text_after: the tokens each run chose, as text.
+    twin_kl[s]: for a TruncateContext with the twin present, KL(twin || windowed twin) on the original tokens.
+    """
+
+    changes: tuple
+    position: int
+    frames: tuple[Frame, ...]
+    original: tuple[Frame, ...]
+    kl: tuple[float, ...]
+    top_before: tuple[tuple[tuple[int, str, float], ...], ...]
+    top_after: tuple[tuple[tuple[int, str, float], ...], ...]
+    first_divergence: tuple[str | None, ...]
+    text_before: str
+    text_after: str
+    twin_kl: tuple[float, ...] = ()
+    logits_before: tuple[np.ndarray, ...] = field(default=(), repr=False)
+    logits_after: tuple[np.ndarray, ...] = field(default=(), repr=False)
+
+    @property
+    def steps(self) -> int:
+        return len(self.frames)
+
+
+class _Outputs(Recorder):
+    """Keeps every sublayer's output (and the embedding and logits) of one step, labelled in execution order."""
+
+    def __init__(self):
+        self.outputs: list[tuple[str, torch.Tensor]] = []
+
+    def record(self, event: str, layer: int, **d) -> None:
+        if event == "embed":
+            self.outputs.append(("embed", d["x"]))
+        elif event == "sublayer":
+            kind = {"moe": "MoE", "dense": "dense"}.get(d["kind"], d["kind"].upper())
+            self.outputs.append((f"L{layer} {d['site']} · {kind}", d["out"]))
+        elif event == "logits":
+            self.outputs.append(("head", d["logits"]))
+
+
+def first_divergence(a: _Outputs, b: _Outputs, rtol: float = DIVERGENCE_RTOL) -> str | None:
+    """The first label whose outputs differ: ||a - b|| > rtol * max(||a||, ||b||)."""
+    for (label, x), (_, y) in zip(a.outputs, b.outputs):
+        x, y = x.double(), y.double()
+        scale = max(float(x.norm()), float(y.norm()))
+        if float((x - y).norm()) > rtol * scale:
+            return label
+    return None
+
+
+def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """KL(softmax p || softmax q) in nats, float64."""
+    def log_softmax(z):
+        z = z.astype(np.float64)
+        z = z - z.max()
+        return z - np.log(np.exp(z).sum())
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float(max(0.0, (np.exp(lp) * (lp - lq)).sum()))
+
+
+def _top(frame: Frame) -> tuple[tuple[int, str, float], ...]:
+    return tuple((int(t), token_text(int(t)), float(p)) for t, p in zip(frame.top_ids, frame.top_probs))
+
+
+def _choice(sim, index: int) -> Choice:
+    """How frame `index` of the timeline chose its token; past the timeline, as step() would sample."""
+    if index < len(sim.frames):
+        return sim.frames[index].choice
+    return Choice.sampled(sim.temperature, sim.sample_seed)
+
+
+@torch.no_grad()
+def _twin_kl(sim, window_hooks, start: int, tokens: list[int]) -> tuple[float, ...]:
+    """The all-MLA twin over the original tokens from `start`, with and without the window: KL per step."""
+    _, twin = sim._caches_at(start)
+    windowed = twin.clone()
+    out = []
+    for token in tokens:
+        x = torch.tensor([[token]], device=sim.device)
+        a, twin = sim.twin_model(x, twin)
+        b, windowed = sim.twin_model(x, windowed, hooks=window_hooks)
+        out.append(kl_divergence(a[0, -1, :EOS + 1].float().cpu().numpy(), b[0, -1, :EOS + 1].float().cpu().numpy()))
+    return tuple(out)
+
+
+@torch.no_grad()
+def what_if(sim, changes, steps: int = 1) -> WhatIf:
+    """See the module docstring; `sim` is a sim.Simulation, left exactly as it was."""
+    from .memory import non_negative_int
+
+    changes = check_changes(changes, sim.config)
+    steps = non_negative_int(steps, "steps")
+    if steps < 1:
+        raise ValueError(f"steps must be 1 or more (the cursor's own frame is step 1), got {steps}.")
+    start = sim.cursor
+    last = sim.config.max_seq_len - 1
+    if start + steps - 1 > last:
+        raise ValueError(f"steps={steps} would pass the last position ({last}) that preset {sim.config.name!r} "
+                         f"allows; at most {last - start + 1} steps fit from frame {start}.")
+    first_hooks = to_hooks(changes, sim.config) if changes else None
+    later_hooks = to_hooks(changes, sim.config, reset=False) if changes else None
+
+    cache, _ = sim._caches_at(start)
+    branch_cache = cache.clone()
+    token_o = token_b = sim.frames[start].input_id
+    original, branch, logits_o, logits_b, kl, diverged = [], [], [], [], [], []
+    for s in range(steps):
+        position = start + s
+        choice = _choice(sim, position)
+        prompt = position < sim.prompt_len
+        seen_o, seen_b = _Outputs(), _Outputs()
+        fo, lo, cache, _ = sim._compute_frame(position, token_o, choice, prompt, cache, None, watch=seen_o)
+        fb, lb, branch_cache, _ = sim._compute_frame(position, token_b, choice, prompt, branch_cache, None,
+                                                     hooks=first_hooks if s == 0 else later_hooks, watch=seen_b)
+        original.append(fo), branch.append(fb), logits_o.append(lo), logits_b.append(lb)
+        kl.append(kl_divergence(lo, lb))
+        diverged.append(first_divergence(seen_o, seen_b))
+        token_o, token_b = fo.token_id, fb.token_id
+
+    twin_kl: tuple[float, ...] = ()
+    window = first_hooks.attention_window if first_hooks is not None else None
+    if window is not None and sim.twin_model is not None and any(isinstance(c, TruncateContext) for c in changes):
+        from tiny_k3.hooks import Hooks
+
+        twin_kl = _twin_kl(sim, Hooks(attention_window=window), start, [f.input_id for f in original])
+    return WhatIf(
+        changes=changes, position=start, frames=tuple(branch), original=tuple(original), kl=tuple(kl),
+        top_before=tuple(_top(f) for f in original), top_after=tuple(_top(f) for f in branch),
+        first_divergence=tuple(diverged), text_before=decode([f.token_id for f in original]),
+        text_after=decode([f.token_id for f in branch]), twin_kl=twin_kl,
+        logits_before=tuple(logits_o), logits_after=tuple(logits_b))

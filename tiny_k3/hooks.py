@@ -1,0 +1,90 @@
+"""Hooks: plain changes to one forward pass, for "what if" experiments. The model knows no more than this.
+
+`model(tokens, cache, recorder, hooks=Hooks(...))` runs the same math with these changes in force, each at
+one place in the forward pass (the simulator's `sim.interventions` translates its named changes into this):
+
+| field            | where it acts                              | what it changes                                     |
+|------------------|--------------------------------------------|-----------------------------------------------------|
+| blocked_experts  | `Router.forward`, before top-k (moe.py)    | those experts' biased scores are -inf: never chosen |
+| forced_experts   | `Router.forward`, instead of top-k         | exactly these k experts; weights from their s       |
+| unbiased         | `Router.forward`, before top-k             | select on topk(s) instead of topk(s + b)            |
+| reset_heads      | `KDALayer.forward`, before the first token | S and the conv tail of those heads start at zero    |
+| decay_scale      | `KDALayer.forward`, after `kda_gate`       | g -> factor * g (0: no forgetting)                  |
+| uniform_depth    | every depth read of those layers (model.py)| AttnRes query w_l = 0: uniform weights 1/N          |
+| attention_window | `GatedMLA.forward`, the causal mask        | a query sees only the last `window` keys            |
+
+With `hooks=None` (the default) none of this code runs. Indices are 0-based layers; in `uniform_depth`
+the index `num_layers` names the final read before the head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import KDAState
+from .moe import Routing, route
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Interventions for one forward call; the empty Hooks() changes nothing."""
+
+    blocked_experts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # MoE layer -> never selected
+    forced_experts: dict[int, tuple[int, ...]] = field(default_factory=dict)   # MoE layer -> exactly these k
+    unbiased: frozenset[int] = frozenset()            # MoE layers that select on the unbiased scores
+    reset_heads: dict[int, tuple[int, ...]] = field(default_factory=dict)      # KDA layer -> heads zeroed first
+    decay_scale: dict[int, float] = field(default_factory=dict)                # KDA layer -> factor on g
+    uniform_depth: frozenset[int] = frozenset()       # layers whose depth reads get uniform weights
+    attention_window: int | None = None               # MLA: keys within the last `window` tokens only
+
+    # ------------------------------------------------------------------ MoE (moe.py, Router.forward)
+    def changes_routing(self, layer: int) -> bool:
+        return layer in self.blocked_experts or layer in self.forced_experts or layer in self.unbiased
+
+    def route(self, layer: int, scores: torch.Tensor, router) -> Routing:
+        """scores [..., E] (unbiased sigmoid affinities) -> Routing under this layer's changes.
+
+        Blocking adds -inf to the blocked experts' selection bias, so top-k takes the next in line; forcing
+        replaces the choice, ordering the forced ids by descending biased score as `route` does; either way
+        the weights are the chosen experts' unbiased scores, renormalised and scaled as usual.
+        """
+        bias = None if layer in self.unbiased else router.bias
+        blocked = self.blocked_experts.get(layer, ())
+        if blocked:
+            bias = torch.zeros_like(router.bias) if bias is None else bias.clone()
+            bias[list(blocked)] = float("-inf")
+        forced = self.forced_experts.get(layer)
+        if forced is None:
+            return route(scores, bias, router.top_k, router.renormalize, router.scaling)
+        ids = torch.tensor(forced, device=scores.device).expand(*scores.shape[:-1], len(forced))
+        biased = scores.gather(-1, ids) + (0 if bias is None else bias[ids])
+        ids = ids.gather(-1, torch.argsort(biased, dim=-1, descending=True, stable=True))
+        weights = scores.gather(-1, ids)
+        if router.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return Routing(ids, weights * router.scaling if router.scaling != 1.0 else weights, scores)
+
+    # ------------------------------------------------------------------ KDA (kda.py, KDALayer.forward)
+    def reset_state(self, layer: int, cache: KDAState | None, heads: int, head_dim: int) -> KDAState | None:
+        """The state this layer starts from: `cache` with the reset heads' S [K, V] and conv tail zeroed.
+
+        The conv tail [B, W-1, C] holds q | k | v channels, each head-major (head h: channels h*K .. h*K+K-1
+        of its part), so a head's reset clears its own channels in all three parts. None stays None (zeros).
+        """
+        reset = self.reset_heads.get(layer)
+        if reset is None or cache is None:
+            return cache
+        state, conv = cache.state.clone(), cache.conv.clone()
+        for h in reset:
+            state[:, h] = 0
+            for part in range(3):                          # q, k, v (K = V in this model)
+                start = part * heads * head_dim + h * head_dim
+                conv[..., start:start + head_dim] = 0
+        return KDAState(state, conv)
+
+    def scale_decay(self, layer: int, g: torch.Tensor) -> torch.Tensor:
+        """g [B, T, H, K] log-decay -> factor * g: alpha = exp(g) becomes alpha ** factor."""
+        factor = self.decay_scale.get(layer)
+        return g if factor is None else g * factor
