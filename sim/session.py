@@ -240,15 +240,16 @@ class Simulation:
         self.cursor = len(self._frames) - 1
         return self.frame
 
-    def what_if(self, *changes, steps: int = 1):
+    def what_if(self, *changes, steps: int = 1, progress=None):
         """What would the model have done at the cursor if ... (sim.interventions changes) -> sim.whatif.WhatIf.
 
         Recomputes the cursor's frame with the changes in force, then steps - 1 more tokens, beside the
         original, from the decode state saved before the cursor; the timeline is left exactly as it was.
+        progress(done, steps), if given, is called after each step; whatever it raises abandons the what-if.
         """
         from .whatif import what_if
 
-        return what_if(self, changes, steps)
+        return what_if(self, changes, steps, progress)
 
     # ------------------------------------------------------------------ views over the timeline
     def step_into(self, i: int | None = None) -> list[SublayerView]:

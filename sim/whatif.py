@@ -13,6 +13,7 @@ Per step: KL(original || branch) of the next-token distributions, both top-5s, a
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,8 +121,11 @@ def _twin_kl(sim, window_hooks, start: int, tokens: list[int]) -> tuple[float, .
 
 
 @torch.no_grad()
-def what_if(sim, changes, steps: int = 1) -> WhatIf:
-    """See the module docstring; `sim` is a sim.Simulation, left exactly as it was."""
+def what_if(sim, changes, steps: int = 1, progress=None) -> WhatIf:
+    """See the module docstring; `sim` is a sim.Simulation, left exactly as it was.
+
+    progress(done, steps), if given, is called after each step; whatever it raises abandons the what-if
+    (a front end's cancel: the TUI stops between two tokens), and nothing has been written anywhere."""
     from .memory import non_negative_int
 
     changes = check_changes(changes, sim.config)
@@ -152,6 +156,8 @@ def what_if(sim, changes, steps: int = 1) -> WhatIf:
         kl.append(kl_divergence(lo, lb))
         diverged.append(first_divergence(seen_o, seen_b))
         token_o, token_b = fo.token_id, fb.token_id
+        if progress is not None:
+            progress(s + 1, steps)
 
     twin_kl: tuple[float, ...] = ()
     window = first_hooks.attention_window if first_hooks is not None else None
@@ -165,3 +171,15 @@ def what_if(sim, changes, steps: int = 1) -> WhatIf:
         first_divergence=tuple(diverged), text_before=decode([f.token_id for f in original]),
         text_after=decode([f.token_id for f in branch]), twin_kl=twin_kl,
         logits_before=tuple(logits_o), logits_after=tuple(logits_b))
+
+
+def branch_timeline(sim, w: WhatIf):
+    """A read-only Simulation whose frames are the branch as it was seen: the timeline's frames before the
+    what-if, then `w.frames`. It shares the model and config, so every view over frames (expert_load,
+    state_norm_history, memory_history, step_into) draws the branch as it draws the timeline; its cursor is
+    on the branch's last frame. Never step it: it has no decode state of its own."""
+    branch = copy.copy(sim)
+    branch._frames = list(sim.frames[:w.position]) + list(w.frames)
+    branch._logits = []
+    branch.cursor = len(branch._frames) - 1
+    return branch

@@ -581,3 +581,23 @@ def test_snapshot_compact_80x24(snap_compare):
 
 def test_snapshot_full_120x36(snap_compare):
     assert snap_compare(make_app(), terminal_size=(FULL_WIDTH, FULL_HEIGHT), run_before=settle)
+
+
+def test_snapshot_recall_moment(snap_compare):
+    """A recall query ("| k=" after "k=7;"): the state panel names the head, the depth panel marks sublayers."""
+    assert snap_compare(make_app(prompt="k=7; | k="), terminal_size=SIZE, run_before=settle)
+
+
+def test_snapshot_what_if_result(snap_compare):
+    """x on the routing panel, the first entry (ablate the top expert): the result screen, step 1 of the branch."""
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("1", "x")
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "WhatIfScreen", what="the what-if")
+        await settle(pilot)
+        await pilot.press("n")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

@@ -28,15 +28,18 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Static
 
 from sim import render
+from sim.interventions import describe
 from sim.memory import format_bytes
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.tokenizer import token_text
 
 from .commands import K3Commands
-from .driver import Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec
+from .driver import WHAT_IF_STEPS, Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec, WhatIfJob
 from .panels import (DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, crossover_tokens, plural,
                      quoted, routing_headline, timeline_text)
 from .screens import HelpScreen, PresetScreen, PromptScreen
+from .whatif_menu import WhatIfMenu, menu_for, unavailable
+from .whatif_screen import WhatIfScreen
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24      # compact layout from here: tokens, routing headline, one panel at a time
 FULL_WIDTH, FULL_HEIGHT = 120, 36   # full layout from here: all four panels
@@ -66,6 +69,28 @@ class LoadFinished(Message):
 @dataclass
 class StepFinished(Message):
     sim: object
+    error: str | None = None
+
+
+@dataclass
+class WhatIfProgress(Message):
+    job: WhatIfJob
+    progress: Progress
+
+
+@dataclass
+class WhatIfFinished(Message):
+    job: WhatIfJob
+    result: object = None           # sim.whatif.WhatIf
+    error: str | None = None
+    cancelled: bool = False
+
+
+@dataclass
+class RecallFinished(Message):
+    sim: object
+    index: int
+    moment: object = None           # sim.recall_moment.RecallMoment, None when it failed
     error: str | None = None
 
 
@@ -112,13 +137,14 @@ class TinyK3App(App):
         Binding("s", "save", "save"),
         Binding("c", "compare", "compare"),
         Binding("z", "zoom", "zoom"),
+        Binding("x", "what_if", "what-if"),
         Binding("tab", "cycle_panel(1)", "panel", show=False, priority=True),
         Binding("shift+tab", "cycle_panel(-1)", "panel", show=False, priority=True),
-        Binding("escape", "cancel_load", "cancel", show=False),
+        Binding("escape", "cancel", "cancel", show=False),
         *(Binding(str(i + 1), f"show_panel('{name}')", name, show=False) for i, name in enumerate(PANELS)),
     ]
-    # modal screens: each is one action that pushes a screen from its own module (screens.py; an
-    # interventions screen adds its binding above and its action below, beside these)
+    # modal screens: each is one action that pushes a screen from its own module (screens.py, whatif_menu.py,
+    # whatif_screen.py)
 
     layer: reactive[int] = reactive(1, init=False, repaint=False)
     head: reactive[int] = reactive(0, init=False, repaint=False)
@@ -152,6 +178,7 @@ class TinyK3App(App):
         self._tokens_shown = 0              # tokens of the frame on screen, to see a crossing happen
         self._sublayers_key, self._sublayers = None, ()
         self._main = None                   # the main screen, once mounted (queries never hit a modal)
+        self._whatif_for: tuple | None = None   # (job, panel, layer, head): where the asked-for what-if draws
 
     # ------------------------------------------------------------------ compatibility views of the state
     @property
@@ -174,8 +201,8 @@ class TinyK3App(App):
     def idle(self) -> bool:
         """No job running or wanted and nothing left to draw (tests and the benchmark wait for this)."""
         d = self.driver
-        return not (d.stepping or d.loading is not None or d.wants_step() or self._redraw_pending
-                    or self._pump_pending)
+        return not (d.busy or d.loading is not None or d.whatif is not None or d.wants_step() or d.wants_recall()
+                    or self._redraw_pending or self._pump_pending)
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -297,8 +324,13 @@ class TinyK3App(App):
             self._set_message(Text.assemble(("Not loaded: ", "bold red"), f"{msg.error} ({kept})"))
             self._redraw()
 
-    def action_cancel_load(self) -> None:
-        if self.driver.cancel_load():
+    def action_cancel(self) -> None:
+        """Escape: stop the what-if being computed, else the load in flight."""
+        if self.driver.cancel_what_if():
+            self._set_message("what-if cancelled; the timeline is as it was")
+            self._draw_progress()
+            self._draw_status()
+        elif self.driver.cancel_load():
             kept = "the current session stays" if self.sim is not None else "nothing loaded: e for a prompt, p for a preset"
             self._set_message(f"load cancelled; {kept}")
             self._redraw()
@@ -310,10 +342,18 @@ class TinyK3App(App):
 
     # ------------------------------------------------------------------ stepping
     def _pump(self) -> None:
-        """Start a step job when the driver wants one (look-ahead, or a goal past the computed frames)."""
+        """Start the next job the driver wants, one at a time: a what-if (asked for), the recall moment of the
+        cursor's frame (on screen), then a step (look-ahead, or a goal past the computed frames)."""
         self._pump_pending = False
-        if not self._quitting and self.driver.wants_step():
-            self._step_worker(*self.driver.start_step())
+        d = self.driver
+        if self._quitting:
+            return
+        if d.wants_what_if():
+            self._what_if_worker(d.start_what_if())
+        elif d.wants_recall():
+            self._recall_worker(*d.start_recall())
+        elif d.wants_step():
+            self._step_worker(*d.start_step())
 
     def _pump_after_paint(self) -> None:
         """Compute ahead only once the new step is on screen (the worker holds the GIL in bursts)."""
@@ -348,6 +388,98 @@ class TinyK3App(App):
             self._draw_status()
             self._pump()
 
+    # ------------------------------------------------------------------ the recall moment
+    @work(thread=True, exclusive=True, group="recall", exit_on_error=False)
+    def _recall_worker(self, sim, index: int) -> None:
+        try:
+            moment = self.driver.run_recall(sim, index)
+        except Exception as exc:  # noqa: BLE001 - the panels then show no recall line, never a crash
+            self.post_message(RecallFinished(sim, index, error=f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(RecallFinished(sim, index, moment))
+
+    @on(RecallFinished)
+    def _recall_finished(self, msg: RecallFinished) -> None:
+        if self._quitting:
+            return
+        if self.driver.finish_recall(msg.sim, msg.index, msg.moment):
+            if msg.error:
+                self._set_message(Text.assemble(("No recall moment: ", "bold red"), msg.error))
+            self._redraw()
+        self._pump()
+
+    # ------------------------------------------------------------------ what-if
+    def _focused_panel(self) -> str:
+        return self.focused.id if self.focused is not None and self.focused.id in PANELS else self.shown_panel
+
+    def action_what_if(self) -> None:
+        """x: the what-if menu for the focused panel at this step, layer and head."""
+        if self._quitting or self.sim is None:
+            return
+        panel, view = self._focused_panel(), self.view()
+        items = menu_for(panel, view)
+        steps = max(1, min(WHAT_IF_STEPS, self.config.max_seq_len - self.step))
+        title = (f"[b]What if[/b] … at step {self.step}, input {quoted(view.frame.input_text)} ({panel} panel, "
+                 f"layer {self.layer}, head {view.head})")
+        self.running = False
+        self.push_screen(WhatIfMenu(title, items, "" if items else unavailable(panel, view), steps),
+                         lambda changes: None if changes is None else self.start_what_if(changes, panel))
+
+    def start_what_if(self, changes: tuple, panel: str | None = None) -> None:
+        """Compute Simulation.what_if(*changes) at the cursor's frame in a worker; the result opens WhatIfScreen."""
+        if self._quitting or self.sim is None:
+            return
+        try:
+            job = self.driver.request_what_if(changes)
+        except ValueError as exc:
+            self._set_message(Text.assemble(("What-if not run: ", "bold red"), str(exc)))
+            return
+        self._whatif_for = (job, panel or self._focused_panel(), self.layer, self.head)
+        self.running = False
+        self._set_message("")
+        self._draw_progress()
+        self._draw_status()
+        self._pump()
+
+    @work(thread=True, exclusive=True, group="whatif", exit_on_error=False)
+    def _what_if_worker(self, job: WhatIfJob) -> None:
+        try:
+            result = self.driver.run_what_if(job, lambda p: self.post_message(WhatIfProgress(job, p)))
+        except Cancelled:
+            self.post_message(WhatIfFinished(job, cancelled=True))
+        except ValueError as exc:
+            self.post_message(WhatIfFinished(job, error=str(exc)))
+        except Exception as exc:  # noqa: BLE001 - shown, never a crash of the interface
+            self.post_message(WhatIfFinished(job, error=f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(WhatIfFinished(job, result=result))
+
+    @on(WhatIfProgress)
+    def _what_if_progress(self, msg: WhatIfProgress) -> None:
+        if not self._quitting and self.driver.report_what_if(msg.job, msg.progress):
+            self._draw_progress()
+
+    @on(WhatIfFinished)
+    def _what_if_finished(self, msg: WhatIfFinished) -> None:
+        if self._quitting:
+            return
+        if self.driver.finish_what_if(msg.job):
+            if msg.result is not None and self._whatif_for is not None and self._whatif_for[0] is msg.job:
+                _, panel, layer, head = self._whatif_for
+                self.push_screen(WhatIfScreen(msg.result, msg.job.sim, panel, layer, head))
+            else:
+                self._set_message(Text.assemble(("What-if not run: ", "bold red"), msg.error or "it was cancelled"))
+        self._draw_progress()
+        self._draw_status()
+        self._pump()
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """tab / shift+tab are priority keys (panels are focusable): on a modal screen they are not ours."""
+        if action == "cycle_panel" and self._main is not None and self.screen is not self._main:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ stepping, continued
     def _step_changed(self) -> None:
         if self.sublayer_index >= 0:
             self.sublayer_index = min(self.sublayer_index, len(self._sublayer_views()) - 1)
@@ -593,7 +725,7 @@ class TinyK3App(App):
             subs = self._sublayer_views()
             sub = subs[min(self.sublayer_index, len(subs) - 1)]
         return View(self.sim, self.session, self.step, self.layer, min(self.head, self.config.kda_heads - 1),
-                    sub, self.compare, self.expert, subs)
+                    sub, self.compare, self.expert, subs, self.driver.recall_for(self.step))
 
     def _redraw(self) -> None:
         """Redraw once after the current batch of changes (several reactives often change together)."""
@@ -653,14 +785,18 @@ class TinyK3App(App):
             parts.append("[b cyan]compare: hybrid vs twin[/]")
         if d.loading is not None:
             parts.append(f"[b yellow]loading {d.loading.spec.preset} …[/]")
+        if d.whatif is not None:
+            parts.append("[b magenta]what-if …[/]")
         self._status.update(Text.from_markup(" │ ".join(parts)), layout=False)
 
     def _draw_progress(self) -> None:
         if self._quitting:
             return
         ticket, p = self.driver.loading, self.driver.progress
-        self._progress.display = ticket is not None
+        self._progress.display = ticket is not None or self.driver.whatif is not None
         if ticket is None:
+            if self.driver.whatif is not None:
+                self._progress.update(self._what_if_line())
             return
         what = f"loading {ticket.spec.open_path or ticket.spec.preset} ({ticket.spec.expected_weights()})"
         if p is None:
@@ -672,6 +808,14 @@ class TinyK3App(App):
                                  (render.bar(p.done / max(p.total, 1), 20), "yellow"),
                                  f" {p.done / max(p.total, 1):.0%} · {rate:.1f} tokens/s{left} · Esc cancels")
         self._progress.update(line)
+
+    def _what_if_line(self) -> Text:
+        job, p = self.driver.whatif, self.driver.whatif_progress
+        what = ", ".join(describe(c) for c in job.changes) or "nothing"
+        done = 0 if p is None else p.done
+        return Text.assemble((f"what-if ({what}) at step {job.step}: ", "bold magenta"),
+                             f"token {done}/{job.steps} ", (render.bar(done / job.steps, 20), "magenta"),
+                             " · Esc cancels; the timeline is untouched")
 
     def _set_message(self, text: str | Text) -> None:
         if self._quitting:

@@ -8,6 +8,7 @@ from textual.command import DiscoveryHit, Hit, Provider
 
 from tiny_k3.config import K3Config
 
+from .whatif_menu import PALETTE
 
 
 class K3Commands(Provider):
@@ -44,6 +45,10 @@ class K3Commands(Provider):
         yield "Edit prompt", "type a new prompt", app.action_edit_prompt
         yield "Save the run", "write it to a file that --open reopens", app.action_save
         yield "Clear expert", "stop highlighting an expert", partial(app.select_expert, -1)
+        yield "What if … (this panel)", "change the model at this token and compare (x)", app.action_what_if
+        for title, changes in PALETTE:
+            yield f"What if: {title}", "recompute this token and the next ones with the change", \
+                partial(app.start_what_if, changes)
 
     async def discover(self):
         for title, help_text, callback in self._commands(""):

@@ -1,10 +1,13 @@
 """The TUI's driver: owns the Simulation, the cursor and the work queue. Plain Python, no Textual.
 
-The app calls the cheap methods on its UI thread (`next`, `back`, `goto`, `begin_load`, `start_step`) and
-runs the two kinds of job they hand out in worker threads: `run_load` (build a Simulation, the prompt
-prefilled token by token with progress, checking a cancel flag between tokens) and `run_step` (one
-`Simulation.step()`). Results come back to the UI thread through `finish_load` / `finish_step`, which drop
-anything stale (a job of a session that has since been replaced or cancelled).
+The app calls the cheap methods on its UI thread (`next`, `back`, `goto`, `begin_load`, `start_step`,
+`request_what_if`) and runs the jobs they hand out in worker threads: `run_load` (build a Simulation, the
+prompt prefilled token by token with progress, checking a cancel flag between tokens), `run_step` (one
+`Simulation.step()`), `run_what_if` (`Simulation.what_if` at the cursor's frame, the cancel flag checked
+between its tokens) and `run_recall` (`Simulation.recall_moment` at a recall query, once per frame).
+Results come back to the UI thread through `finish_load` / `finish_step` / `finish_what_if` /
+`finish_recall`, which drop anything stale (a job of a session that has since been replaced or cancelled).
+One job touches a Simulation at a time (`busy`): a Simulation is not thread-safe.
 
 Cursor rules:
   * `step` is the frame on screen; `visited` the furthest the learner has seen; frames up to
@@ -23,9 +26,12 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from sim import Simulation, runfile
+from sim.interventions import check_changes
+from sim.recall_moment import find_query
 from tiny_k3.weights import CheckpointError, available_pretrained
 
 PROGRESS_EVERY = 0.1   # seconds between progress reports: often enough for a smooth bar, rarely enough to be free
+WHAT_IF_STEPS = 8      # a what-if recomputes the cursor's frame and 7 more tokens (fewer where the context ends)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,18 @@ class LoadTicket:
     flag: CancelFlag
 
 
+@dataclass(frozen=True)
+class WhatIfJob:
+    """One what-if request: `changes` (checked) at timeline frame `step`, for `steps` tokens; only the newest
+    request's result is shown."""
+
+    sim: Simulation
+    step: int
+    changes: tuple
+    steps: int
+    flag: CancelFlag
+
+
 def weights_label(sim: Simulation, fallback: str | None = None) -> str:
     """The status line's account of the weights actually in the model."""
     if sim.weights == "trained":
@@ -126,6 +144,12 @@ class Driver:
         self.end_reason: str | None = None      # why the timeline cannot grow (context full, a step failed)
         self.stepping = False                   # a step job is in flight (one at a time: sims are not thread-safe)
         self._step_flag = CancelFlag()
+        self.whatif: WhatIfJob | None = None    # the what-if asked for (waiting or running), until it is shown
+        self.whatif_running: WhatIfJob | None = None   # the what-if job whose worker has not returned yet
+        self.whatif_progress: Progress | None = None
+        self.recalling: int | None = None       # the frame whose recall moment a worker computes
+        self._recalls: dict[int, object] = {}   # frame -> RecallMoment (or None: not a query / failed)
+        self._queries: dict[int, bool] = {}     # frame -> its input is a recall query's "="
 
     # ------------------------------------------------------------------ loading
     def begin_load(self, spec: RunSpec) -> LoadTicket:
@@ -146,7 +170,13 @@ class Driver:
     def cancel_all(self) -> None:
         """Quitting: every job stops at its next check."""
         self.cancel_load()
+        self.cancel_what_if()
         self._step_flag.set()
+
+    @property
+    def busy(self) -> bool:
+        """A job is working on the Simulation now (only one at a time)."""
+        return self.stepping or self.whatif_running is not None or self.recalling is not None
 
     def run_load(self, ticket: LoadTicket, report: Callable[[Progress], None] | None = None) -> Loaded:
         """[worker thread] Build the session of `ticket`: raises Cancelled, or ValueError with one sentence."""
@@ -190,8 +220,10 @@ class Driver:
         self.loading, self.progress = None, None
         self._step_flag.set()                   # a step of the old session may still run: its result is dropped
         self._step_flag = CancelFlag()
+        self.cancel_what_if()                   # a what-if of the old session is never shown
         self.sim, self.spec, self.weights = loaded.sim, loaded.spec, loaded.weights
-        self.stepping = False
+        self.stepping, self.whatif_running, self.recalling = False, None, None   # old jobs touch the old sim
+        self._recalls, self._queries = {}, {}
         last = len(loaded.sim.frames) - 1
         loaded.sim.goto(last)                   # the sim's cursor stays at the end; ours is `step`
         self.step = self.visited = self.goal = loaded.step
@@ -257,7 +289,7 @@ class Driver:
     # ------------------------------------------------------------------ stepping
     def wants_step(self) -> bool:
         """A step job should start now: nothing in flight, no load competing for the CPU, frames wanted."""
-        if self.sim is None or self.stepping or self.loading is not None or self.at_end:
+        if self.sim is None or self.busy or self.whatif is not None or self.loading is not None or self.at_end:
             return False
         return len(self.frames) - 1 < max(self.goal, self.visited + self.lookahead)
 
@@ -285,6 +317,102 @@ class Driver:
             self.visited = max(self.visited, self.step)
             return True
         return False
+
+    # ------------------------------------------------------------------ what-if
+    def request_what_if(self, changes, steps: int = WHAT_IF_STEPS) -> WhatIfJob:
+        """[UI thread] Ask for a what-if at the cursor's frame; it replaces one not yet shown and runs once no
+        other job is in flight. Raises ValueError (one sentence) for a change that does not fit the preset."""
+        if self.sim is None:
+            raise ValueError("nothing is loaded yet, so there is no token to change; wait for the load.")
+        changes = check_changes(changes, self.sim.config)
+        self.cancel_what_if()
+        steps = max(1, min(steps, self.sim.config.max_seq_len - self.step))
+        self.whatif = WhatIfJob(self.sim, self.step, changes, steps, CancelFlag())
+        self.whatif_progress = None
+        return self.whatif
+
+    def wants_what_if(self) -> bool:
+        return (self.whatif is not None and self.whatif_running is None and not self.busy
+                and self.loading is None)
+
+    def start_what_if(self) -> WhatIfJob:
+        self.whatif_running = self.whatif
+        return self.whatif
+
+    def run_what_if(self, job: WhatIfJob, report: Callable[[Progress], None] | None = None):
+        """[worker thread] sim.what_if at the job's frame -> WhatIf; raises Cancelled between two tokens,
+        or ValueError with one sentence. The timeline is untouched and the sim's cursor put back."""
+        start = self._clock()
+
+        def progress(done: int, total: int) -> None:
+            job.flag.check()
+            if report is not None:
+                report(Progress(done, total, self._clock() - start))
+
+        job.flag.check()
+        sim, cursor = job.sim, job.sim.cursor
+        sim.goto(job.step)                      # what_if works at the sim's cursor; the timeline's end otherwise
+        try:
+            return sim.what_if(*job.changes, steps=job.steps, progress=progress)
+        finally:
+            sim.goto(cursor)
+
+    def report_what_if(self, job: WhatIfJob, progress: Progress) -> bool:
+        if job is not self.whatif:
+            return False
+        self.whatif_progress = progress
+        return True
+
+    def finish_what_if(self, job: WhatIfJob) -> bool:
+        """[UI thread] A what-if job ended (done, failed or cancelled); True when its result is the one to show."""
+        if self.whatif_running is job:
+            self.whatif_running = None
+        if job is not self.whatif or job.flag.is_set:
+            return False
+        self.whatif, self.whatif_progress = None, None
+        return True
+
+    def cancel_what_if(self) -> bool:
+        """Esc while a what-if computes: it stops at its next token; False when none was asked for."""
+        if self.whatif is None:
+            return False
+        self.whatif.flag.set()
+        self.whatif, self.whatif_progress = None, None
+        return True
+
+    # ------------------------------------------------------------------ the recall moment
+    def is_query(self, i: int) -> bool:
+        """Frame i's input is the "=" of a recall query ("| q="): cheap, remembered per frame."""
+        if i not in self._queries:
+            ids = [f.input_id for f in self.frames[:i + 1]]
+            self._queries[i] = find_query(ids, i) is not None
+        return self._queries[i]
+
+    def recall_for(self, i: int):
+        """Frame i's RecallMoment once computed; None while computing and where the input is no query."""
+        return self._recalls.get(i)
+
+    def wants_recall(self) -> bool:
+        """The cursor is on a recall query whose moment is not computed yet, and nothing else runs."""
+        return (self.sim is not None and not self.busy and self.loading is None and self.whatif is None
+                and self.step not in self._recalls and self.is_query(self.step))
+
+    def start_recall(self) -> tuple[Simulation, int]:
+        self.recalling = self.step
+        return self.sim, self.step
+
+    @staticmethod
+    def run_recall(sim: Simulation, i: int):
+        """[worker thread] one forward pass over the text up to frame i (about 0.1 s on small)."""
+        return sim.recall_moment(i)
+
+    def finish_recall(self, sim: Simulation, i: int, moment) -> bool:
+        """[UI thread] Keep frame i's moment (None: it failed); True when the cursor is still on it."""
+        if sim is not self.sim:
+            return False
+        self.recalling = None
+        self._recalls[i] = moment
+        return i == self.step
 
     def __repr__(self) -> str:
         name = None if self.spec is None else self.spec.preset

@@ -12,6 +12,9 @@ HELP = """\
   e          edit the prompt                                   p       switch preset
   s          save the run (reopen: tiny-k3 --open FILE)        escape  cancel a load
   ctrl+p     command palette: go to layer / expert / step      ?       this help         q   quit
+  x          what if …: change the model at this token for the focused panel (ablate an expert, reset a
+             KDA state, uniform depth weights, a shorter MLA context) and compare; n / b walk the steps,
+             escape returns to the timeline, untouched (while it computes, escape cancels it)
 
 [b]Panels[/b]
   Routing    all E experts of the selected MoE layer; the k chosen are lit, the rest shaded by score.
@@ -22,5 +25,8 @@ HELP = """\
              hybrid starts larger (its fixed KDA states) and the twin overtakes it; then K3 now and at 1M.
   Depth      Attention Residuals: each sublayer (row) reads a softmax mix of the earlier blocks (columns:
              emb, b1, b2, ..., partial), not a fixed sum.
+
+At a recall query ("| z=" after "z=1;"), State names the KDA head whose read S^T q best matches the write made
+at the definition, and Depth marks the 3 sublayers that pushed the answer's logit most (share of its margin).
 
 Escape or ? closes this help."""

@@ -60,6 +60,7 @@ class View:
     compare: bool
     expert: int                 # selected expert, -1 none
     sublayers: tuple = ()       # all sublayers of this token when stepped in
+    recall: object = None       # sim.recall_moment.RecallMoment when the input is a recall query's "=", else None
 
     @property
     def config(self) -> K3Config:
@@ -271,7 +272,7 @@ class StatePanel(Panel):
     TITLE = "Recurrent state"
 
     def key(self, v: View) -> tuple:
-        return (v.session, v.step, v.layer, v.head, v.compare)
+        return (v.session, v.step, v.layer, v.head, v.compare, v.recall is None)
 
     def draw(self, v: View):
         cfg, layer = v.config, v.kda_layer
@@ -287,6 +288,8 @@ class StatePanel(Panel):
             parts.append(Text(f"compare: in the all-softmax twin this layer is MLA and caches "
                               f"{format_bytes(twin_layer)} at {plural(v.frame.position + 1, 'token')}, + "
                               f"{cfg.mla_cache_width * cfg.dtype_bytes} B per token", style="cyan"))
+        if v.recall is not None and v.recall.best_head is not None:
+            parts.append(recall_line(v.recall, v.sim.frames, layer, h))
         if layer != v.layer:
             parts.append(Text(f"layer {v.layer} is gated MLA (softmax, a growing KV cache, no recurrent state); "
                               f"showing the KDA layer below it.", style="italic"))
@@ -313,6 +316,17 @@ class StatePanel(Panel):
             bars,
         ]
         return title, Group(*parts)
+
+
+def recall_line(moment, frames: list[Frame], layer: int, head: int) -> Text:
+    """At a recall query: the KDA head whose read S^T q best matches the write made at the definition
+    (sim.recall_moment, cosine of the read with the write), and which definition token that write was."""
+    best, q = moment.best_head, moment.query
+    shown = " (this head)" if (best.layer, best.head) == (layer, head) else ""
+    return Text.assemble(("recall ", "bold magenta"), (f"L{best.layer} h{best.head} reads back {q.key}={q.value}",
+                                                       "bold"),
+                         f" (cos {best.cosine:.2f} with the write at {quoted(frames[best.written_at].input_text)}, "
+                         f"position {best.written_at}){shown}")
 
 
 # ---------------------------------------------------------------------------------------- memory
@@ -445,11 +459,12 @@ def source_names(residual: str, block_size: int, reads: int) -> tuple[tuple[str,
     return tuple(names)
 
 
-def depth_map(frame: Frame, config: K3Config, lo: int, rows: int) -> Text:
+def depth_map(frame: Frame, config: K3Config, lo: int, rows: int, marks: dict[str, str] | None = None) -> Text:
     """AttnRes depth weights, rows lo..lo+rows of the token's depth reads, one column per named source.
 
     Columns: emb (the embedding), b1, b2, ... (completed block sums), partial (the open block's running
     sum, if the read has one). Each row's weights sum to 1; a cell's shade is its weight on a 0..1 scale.
+    marks: row label ("L0 attn") -> a note appended to that row (the recall moment's top sublayers).
     """
     reads = [d for d in frame.depth if d.weights.size]
     names = source_names(config.residual, config.attnres_block_size, len(reads))
@@ -470,6 +485,8 @@ def depth_map(frame: Frame, config: K3Config, lo: int, rows: int) -> Text:
                 out.append("·".rjust(cell), style="dim")
             else:
                 out.append(" " + _shade_glyph(w) * (cell - 1), style=_weight_style(w))
+        if marks and label in marks:
+            out.append(f" ◀ {marks[label]}", style="bold magenta")
         out.append("\n")
     out.rstrip()
     return out
@@ -494,7 +511,7 @@ class DepthPanel(Panel):
 
     def key(self, v: View) -> tuple:
         return (v.session, v.step, v.layer, None if v.sublayer is None else v.sublayer.index, v.compare,
-                self.inner_height)
+                self.inner_height, v.recall is None)
 
     def draw(self, v: View):
         frame, cfg = v.frame, v.config
@@ -505,6 +522,11 @@ class DepthPanel(Panel):
                               "zero-initialised AttnRes starts uniform (1/N) and learns to differ", style="cyan"))
         if v.sublayer is not None:
             parts += _stepped_in(v)
+        marks = {}
+        if v.recall is not None:
+            parts.append(answer_line(v.recall, frame))
+            marks = {f"L{m.layer} {m.site}": margin_share(m, v.recall.margin) for m in v.recall.top_moves(3)
+                     if m.layer >= 0}
         title = (f"Depth · weights 0 {render.SHADES[1:]} 1" if v.sublayer is None
                  else f"Depth · {v.sublayer.label}")
         if not reads:
@@ -518,13 +540,29 @@ class DepthPanel(Panel):
         rows = max(4, self.inner_height - above - 3)
         lo = max(0, min(2 * v.layer - rows // 2, len(reads) - rows))   # reads 2L and 2L+1 are layer L's
         window = "" if len(reads) <= rows else f"rows {lo}-{min(lo + rows, len(reads)) - 1} of {len(reads)} (j/k move)"
-        parts.append(depth_map(frame, cfg, lo, rows))
+        parts.append(depth_map(frame, cfg, lo, rows, marks))
         if window:
             parts.append(Text(window, style="dim"))
         norms = np.array([d.h_norm for d in frame.depth], dtype=np.float32)
         parts.append(Text.assemble(("|h| by depth ", "bold"),
                                    render.sparkline(_resample(norms, max(8, self.inner_width - 14)))))
         return title, Group(*parts)
+
+
+def margin_share(move, margin: float) -> str:
+    """A sublayer's direct push on the answer's margin, and its share of the whole margin."""
+    share = f" ({move.margin / margin:.0%})" if abs(margin) > 1e-9 else ""
+    return f"{move.margin:+.2f}{share}"
+
+
+def answer_line(moment, frame: Frame) -> Text:
+    """At a recall query: the answer's margin over the other digits and the 3 sublayers that moved it most
+    (direct logit attribution, sim.recall_moment: the per-sublayer terms sum to the margin)."""
+    q = moment.query
+    tops = ", ".join(f"{m.label} {margin_share(m, moment.margin)}" for m in moment.top_moves(3))
+    return Text.assemble(("recall ", "bold magenta"), f"{q.key}={q.value}: ",
+                         (f"margin {moment.margin:+.2f}", "bold"),
+                         f" over the other digits (the model says {quoted(frame.token_text)}); moved most by {tops}")
 
 
 def _stepped_in(v: View) -> list:

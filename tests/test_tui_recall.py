@@ -1,0 +1,84 @@
+"""The recall moment in the TUI: at a recall query ("| z="), the state panel names the KDA head that reads the
+value back and the depth panel marks the sublayers that moved the answer's logit, exactly as
+Simulation.recall_moment says (compared, never hard-coded: the checkpoints get retrained); elsewhere nothing
+is added. Computed once per frame, in a worker."""
+
+from sim import Simulation
+from tiny_k3.config import DEFAULT_PROMPT
+from tui import TinyK3App
+from tui_app.driver import Driver, Loaded, RunSpec
+from tui_app.panels import margin_share
+from tui_pilot import make_app, settle, sync
+
+SIZE = (160, 48)
+
+
+def normal(text: str) -> str:
+    """Whitespace collapsed: panel lines wrap at spaces, so a phrase may span two lines."""
+    return " ".join(text.split())
+
+
+def expected(moment, frames) -> tuple[str, list[str]]:
+    best, q = moment.best_head, moment.query
+    head = (f"recall L{best.layer} h{best.head} reads back {q.key}={q.value} (cos {best.cosine:.2f} with the "
+            f"write at '{frames[best.written_at].input_text}', position {best.written_at})")
+    moves = [f"{m.label} {margin_share(m, moment.margin)}" for m in moment.top_moves(3)]
+    return head, moves
+
+
+def panel_text(app, name: str) -> str:
+    return normal(app._panels[name].text)
+
+
+@sync
+async def test_the_first_screen_shows_the_recall_moment_of_the_default_prompt():
+    app = TinyK3App()                                  # the default preset and prompt, as a learner opens it
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.prompt == DEFAULT_PROMPT and app.step == app.sim.prompt_len - 1
+        moment = Simulation(app.preset, DEFAULT_PROMPT).recall_moment()   # a separate session, same answer
+        assert app.driver.recall_for(app.step) == moment
+        head, moves = expected(moment, app.sim.frames)
+        state, depth = panel_text(app, "state"), panel_text(app, "depth")
+        assert head in state
+        assert (f"recall {moment.query.key}={moment.query.value}: margin {moment.margin:+.2f} over the other "
+                f"digits (the model says '{app.sim.frames[app.step].token_text}'); moved most by {', '.join(moves)}") in depth
+        for m in moment.top_moves(3):                  # the depth map's rows are marked too
+            if m.layer >= 0:
+                assert f"L{m.layer} {m.site}" in depth and f"◀ {margin_share(m, moment.margin)}" in depth
+
+        await pilot.press("b")                         # the key before "=": not a query, nothing extra
+        await settle(pilot)
+        assert app.driver.recall_for(app.step) is None and not app.driver.is_query(app.step)
+        assert "recall" not in panel_text(app, "state") and "recall" not in panel_text(app, "depth")
+        assert "◀" not in panel_text(app, "depth")
+
+
+@sync
+async def test_the_moment_is_computed_once_per_frame_in_a_worker():
+    app = make_app(prompt="k=7; | k=")                 # tiny, random init: a query all the same
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        calls, real = [], app.sim.recall_moment
+        first = app.driver.recall_for(app.step)
+        assert first is not None and first.query.key == "k" and first.query.value == "7"
+        app.sim.recall_moment = lambda i=None: calls.append(i) or real(i)
+        await pilot.press("b", "n", "b", "n")
+        await settle(pilot)
+        assert calls == [] and app.driver.recall_for(app.step) is first    # cached per cursor position
+        head, moves = expected(first, app.sim.frames)
+        assert head in panel_text(app, "state") and all(m in panel_text(app, "depth") for m in moves)
+
+
+def test_the_driver_asks_for_a_moment_only_at_a_query():
+    sim = Simulation("tiny", "k=7; | k=", weights="random", twin=False)
+    d = Driver(lookahead=0)
+    ticket = d.begin_load(RunSpec("tiny", sim.prompt))
+    d.finish_load(ticket, Loaded(sim, ticket.spec, "random", len(sim.frames) - 1))
+    assert d.wants_recall() and not d.busy
+    s, i = d.start_recall()
+    assert d.busy and not d.wants_recall() and not d.wants_step()
+    assert d.finish_recall(s, i, Driver.run_recall(s, i)) and not d.busy
+    assert d.recall_for(i) == sim.recall_moment(i) and not d.wants_recall()
+    d.goto(i - 1)                                      # "k" of "| k": no query, no job
+    assert not d.wants_recall() and d.recall_for(i - 1) is None

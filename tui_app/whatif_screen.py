@@ -1,0 +1,114 @@
+"""The what-if result: the numbers of a sim.whatif.WhatIf beside the focused panel drawn on the branch.
+
+Left: the change, both continuations, this step's next-token top-5 before and after (with probabilities),
+and per step the KL(original || branch) and the first sublayer whose output moved. Right: the panel that
+was focused when `x` was pressed, drawn from the branch's frames (sim.whatif.branch_timeline), e.g. the
+state after a reset or the routing with the expert that took over lit. n / b walk the steps; Escape
+returns to the main timeline, which the what-if never touched.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Static
+
+from sim.interventions import describe
+from sim.whatif import WhatIf, branch_timeline
+
+from .panels import DepthPanel, MemoryPanel, RoutingPanel, StatePanel, View, quoted
+
+PANEL_CLASSES = {"routing": RoutingPanel, "state": StatePanel, "depth": DepthPanel, "memory": MemoryPanel}
+SAME = "none (identical)"   # first_divergence when no sublayer moved
+
+
+def fmt_kl(kl: float) -> str:
+    """KL in nats to 3 significant digits: a small move (1e-5) stays visible, identical shows 0."""
+    return f"{kl:.3g}"
+
+
+def continuation(frames) -> str:
+    """The tokens a run chose, each as the Frame shows it (escaped: a newline stays on one line)."""
+    return "".join(f.token_text for f in frames)
+
+
+def top_table(before, after) -> Table:
+    """Top-5 next tokens, the original's beside the branch's: (id, text, probability) each."""
+    table = Table(title="next token, top 5", title_justify="left", box=None, pad_edge=False)
+    for name, justify in (("before", "left"), ("p", "right"), ("after", "left"), ("p ", "right")):
+        table.add_column(name, justify=justify)
+    for (_, tb, pb), (_, ta, pa) in zip(before, after):
+        table.add_row(quoted(tb), f"{pb:.3f}", quoted(ta), f"{pa:.3f}")
+    return table
+
+
+def summary(w: WhatIf, step: int) -> Group:
+    """The what-if in text: the change, both continuations, step `step`'s top-5, KL and divergence per step."""
+    changes = ", ".join(describe(c) for c in w.changes) or "nothing (the original, recomputed)"
+    head = Text.assemble(("what if: ", "bold"), changes, f"  ·  at step {w.position}, {w.steps} tokens")
+    runs = Text.assemble(("original: ", "bold"), continuation(w.original), "\n",
+                         ("what-if:  ", "bold magenta"), continuation(w.frames))
+    per_step = Table(title="per step (n / b move)", title_justify="left", box=None, pad_edge=False)
+    for name in ("step", "pos", "KL (nats)", "first sublayer that diverged"):
+        per_step.add_column(name)
+    for s in range(w.steps):
+        per_step.add_row(str(s), str(w.position + s), fmt_kl(w.kl[s]), w.first_divergence[s] or SAME,
+                         style="reverse" if s == step else "")
+    return Group(head, runs, Text(), top_table(w.top_before[step], w.top_after[step]), Text(), per_step)
+
+
+def lit_expert(w: WhatIf, step: int, layer: int) -> int:
+    """The expert the branch chose at `layer` that the original did not (the one that took over), else -1."""
+    before, after = w.original[step].routing_for(layer), w.frames[step].routing_for(layer)
+    if before is None or after is None:
+        return -1
+    new = sorted(set(after.expert_ids.tolist()) - set(before.expert_ids.tolist()))
+    return new[0] if new else -1
+
+
+class WhatIfScreen(ModalScreen[None]):
+    """Full screen (modal, so the main timeline's keys are off while it shows)."""
+
+    BINDINGS = [Binding("escape", "close", "back to the timeline"), Binding("n", "move(1)", "next step"),
+                Binding("b", "move(-1)", "previous step")]
+
+    def __init__(self, w: WhatIf, sim, panel: str, layer: int, head: int):
+        super().__init__()
+        self.w, self.panel_name, self.panel_layer, self.panel_head = w, panel, layer, head
+        self.branch = branch_timeline(sim, w)
+        self.step = 0
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="whatif"):
+            yield Static(id="whatif-summary")
+            yield PANEL_CLASSES[self.panel_name](id="whatif-panel")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#whatif-summary").border_title = "What if"
+        self.query_one("#whatif-panel").focus()
+        self._draw()
+
+    def view(self) -> View:
+        """The branch at this step, as the panels read it."""
+        cfg = self.branch.config
+        return View(self.branch, -1, self.w.position + self.step, self.panel_layer, min(self.panel_head, cfg.kda_heads - 1),
+                    None, False, lit_expert(self.w, self.step, self.panel_layer))
+
+    def _draw(self) -> None:
+        self.query_one("#whatif-summary", Static).update(summary(self.w, self.step))
+        panel = self.query_one("#whatif-panel")
+        panel.show(self.view())
+        panel.border_subtitle = f"the branch, step {self.step} of {self.w.steps - 1}"
+
+    def action_move(self, delta: int) -> None:
+        self.step = min(max(self.step + delta, 0), self.w.steps - 1)
+        self._draw()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
