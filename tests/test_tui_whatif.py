@@ -231,7 +231,11 @@ async def test_palette_what_ifs_and_choices_that_do_not_fit():
         app.start_what_if((TruncateContext(4),), "memory")
         await wait_until(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the what-if")
         await settle(pilot)
-        assert "what if: MLA window 4" in screen_text(app) and "Memory ·" in screen_text(app)
+        text = screen_text(app)
+        assert "what if: MLA window 4" in text and "Memory ·" in text
+        w = reference((TruncateContext(4),), app.step)
+        assert w.twin_kl and all(f"{fmt_kl(w.kl[s])} {w.first_divergence[s] or SAME} {fmt_kl(w.twin_kl[s])}"
+                                 in normal(text) for s in range(w.steps))   # the twin under the same window
         await pilot.press("escape")
         await settle(pilot)
         app.start_what_if((ResetState(3),))                  # layer 3 is MLA: one sentence, nothing runs

@@ -53,12 +53,15 @@ def summary(w: WhatIf, step: int) -> Group:
     head = Text.assemble(("what if: ", "bold"), changes, f"  ·  at step {w.position}, {w.steps} tokens")
     runs = Text.assemble(("original: ", "bold"), continuation(w.original), "\n",
                          ("what-if:  ", "bold magenta"), continuation(w.frames))
-    per_step = Table(title="per step (n / b move)", title_justify="left", box=None, pad_edge=False)
-    for name in ("step", "pos", "KL (nats)", "first sublayer that diverged"):
+    twin = bool(w.twin_kl)                  # a window: the all-MLA twin under the same window, beside
+    per_step = Table(title="per step: KL(original ‖ what-if) in nats, the first sublayer that diverged"
+                     + (", the twin's KL under the same window" if twin else "") + " (n / b move)",
+                     title_justify="left", box=None, pad_edge=False)
+    for name in ("step", "pos", "KL", "first diverged") + (("twin KL",) if twin else ()):
         per_step.add_column(name)
     for s in range(w.steps):
         per_step.add_row(str(s), str(w.position + s), fmt_kl(w.kl[s]), w.first_divergence[s] or SAME,
-                         style="reverse" if s == step else "")
+                         *((fmt_kl(w.twin_kl[s]),) if twin else ()), style="reverse" if s == step else "")
     return Group(head, runs, Text(), top_table(w.top_before[step], w.top_after[step]), Text(), per_step)
 
 
