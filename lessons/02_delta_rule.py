@@ -286,6 +286,127 @@ plt.show()
 print(f"‖S_t‖_F per token: {' '.join(f'{s.norm():.3f}' for s in states)}")
 
 # %% [markdown]
+# ## 6. The memory at work: written at the definition, read back at the query
+#
+# The lesson's prompt is a recall line of the training corpus (`tiny_k3.corpus`): keys get single-digit values
+# before the mark `|` (`a=3; q=8;`), some filler follows, and after the mark the model must give a key's value
+# back (`| q=` → `8`). Between the two, the only way forward in a KDA layer is its state: some head must have
+# *written* the value under a key when it read the definition, and *read it back* when the query came.
+#
+# `sim.recall_moment` (the same measurement the TUI's state panel shows) replays the delta rule of every KDA head
+# from the q, k, v, g, β the layer used (kda.md §1). The write of token d is u_d = β_d (v_d − S'ᵀ k_d) — what it
+# stores under its key k_d, the correction of section 1 — and the read at the query t is r_t = S_tᵀ q_t (the
+# layer's output is scale · r_t). A head whose read points the way of a write made inside the definition
+# (cosine near 1) is returning what it stored there; the head with the largest such cosine is named. Separately,
+# the answer's logit margin over the other digits splits exactly into one share per sublayer (direct logit
+# attribution through the depth read, lesson 4): which sublayers *used* the recall.
+
+# %%
+from sim.recall_moment import delta_rule_reads_and_writes, recall_moment, recall_query_positions  # noqa: E402
+from tiny_k3.recall import make_probes  # noqa: E402
+from tiny_k3.tokenizer import decode  # noqa: E402
+
+query_at = recall_query_positions(prompt)[-1]
+moment = recall_moment(model, ids, query_at)
+rq, best = moment.query, moment.best_head
+defined = list(rq.defined_at)
+
+
+def reads_and_writes(layer_id):
+    """The delta rule replayed for one KDA layer from the decode trace: (reads, writes), each [T, H, V]."""
+    ev = [dict(rec.of("kda"))[layer_id] for rec in recs]
+    return delta_rule_reads_and_writes(*(torch.cat([e[n][0] for e in ev]) for n in ("q", "k", "v", "g", "beta")))
+
+
+def cosines_at_query(layer_id):
+    """cos(r_query, u_d) for every head and every token d up to the query: [H, query_at + 1]."""
+    reads, writes = reads_and_writes(layer_id)
+    return F.cosine_similarity(reads[query_at][None], writes[: query_at + 1], dim=-1).T.numpy()
+
+
+cos_by_layer = {lid: cosines_at_query(lid) for lid in cfg.kda_layers}
+cosine = cos_by_layer[best.layer][best.head]                                    # [query_at + 1]
+outside = [d for d in range(query_at) if d not in defined]                      # the query's own write left out
+peak_at = int(np.argmax(cosine[:query_at]))
+top = moment.top_moves(3)
+facts.update(recall_prompt=prompt, recall_value=rq.value, recall_predicted=moment.predicted,
+             recall_right=moment.predicted == rq.value, best_head=[best.layer, best.head],
+             best_cosine=best.cosine, best_written_at=best.written_at, defined_at=defined,
+             cosine_peak_at=peak_at, peak_in_definition=peak_at in defined,
+             best_outside=float(cosine[outside].max()),
+             replay_matches_moment=abs(float(cosine[best.written_at]) - best.cosine) < 1e-4,
+             top_move=top[0].label, top_move_layer=top[0].layer, top_move_margin=top[0].margin,
+             margin=moment.margin, moves_sum=sum(m.margin for m in moment.moves))
+text = lambda positions: "".join(token_text(ids[d]) for d in positions)   # noqa: E731
+print(f"prompt {prompt!r}: the query {rq.key!r} at position {query_at} asks for {rq.value!r}, defined at "
+      f"positions {defined[0]}–{defined[-1]} ({text(defined)!r}); the model answers {moment.predicted!r} "
+      f"({'right' if facts['recall_right'] else 'wrong'})")
+print(f"best match: layer {best.layer}, head {best.head} — its read at the query has cosine {best.cosine:.2f} with "
+      f"the write of position {best.written_at} ({token_text(ids[best.written_at])!r})")
+if facts["peak_in_definition"]:
+    print(f"  and no token outside the definition matches it as well (best elsewhere: cosine "
+          f"{facts['best_outside']:.2f}): the read at the query is, above all, what was written at the definition")
+else:
+    print(f"  but the write of position {peak_at} ({token_text(ids[peak_at])!r}, outside the definition) matches "
+          f"it better (cosine {cosine[peak_at]:.2f}): this head's read is a blend, not a clean copy of one write")
+print(f"the answer's margin over the other digits, {moment.margin:+.2f}, splits into one share per sublayer; the "
+      f"largest: " + ", ".join(f"{m.label} {m.margin:+.2f}" for m in top))
+if top[0].layer == best.layer and top[0].site == "attn":
+    print(f"  the sublayer that pushes the answer up most is layer {best.layer}'s KDA attention: the same layer "
+          "whose head reads the definition back")
+else:
+    print(f"  the head that matches the definition best (layer {best.layer}) is not the sublayer that pushes the "
+          f"answer up most ({top[0].label}): matching a write and using it are two measurements")
+
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(16, 4.2), gridspec_kw={"width_ratios": [2.2, 1]})
+colors = ["crimson" if d in defined else "tab:blue" for d in range(query_at + 1)]
+a1.bar(range(query_at + 1), cosine, color=colors)
+a1.axvline(query_at, color="k", ls="--", lw=1, label="the query (its own write)")
+a1.set_xticks(range(query_at + 1), [token_text(t) for t in ids[: query_at + 1]], fontsize=9)
+a1.set_ylim(-1, 1), a1.axhline(0, color="grey", lw=0.5)
+a1.set_xlabel("token d whose write u_d is compared (red: the definition)"), a1.set_ylabel("cos(r_query, u_d)")
+a1.set_title(f"layer {best.layer}, head {best.head}: what the read at the query matches"), a1.legend(loc="lower left")
+labels = [f"L{lid} h{h}" for lid in cfg.kda_layers for h in range(cfg.kda_heads)]
+inside_best = [cos_by_layer[lid][h][defined].max() for lid in cfg.kda_layers for h in range(cfg.kda_heads)]
+outside_best = [cos_by_layer[lid][h][outside].max() for lid in cfg.kda_layers for h in range(cfg.kda_heads)]
+y = np.arange(len(labels))[::-1]
+a2.barh(y + 0.2, inside_best, 0.4, color="crimson", label="inside the definition")
+a2.barh(y - 0.2, outside_best, 0.4, color="tab:blue", label="anywhere else")
+a2.set_yticks(y, labels), a2.set_xlim(min(0.0, *inside_best, *outside_best) - 0.05, 1)
+a2.set_xlabel("best cos(r_query, u_d)")
+a2.set_title("every KDA head"), a2.legend(loc="lower left")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# One prompt is one example. The same measurement on eight more recall lines of two pairs each (the corpus's own
+# format, `tiny_k3.recall.make_probes`): is the answer right, which head matches the definition best, and how
+# well?
+
+# %%
+rows = []
+for probe in make_probes(8, 2, 16, seed=22):
+    line_ids = probe.tokens.tolist()
+    m = recall_moment(model, line_ids, probe.answer_at[0])          # the first query after the mark
+    rows.append((m.predicted == m.query.value, (m.best_head.layer, m.best_head.head), m.best_head.cosine))
+    print(f"{decode(line_ids[1:probe.answer_at[0] + 1])!r:62s} → {m.predicted!r} "
+          f"({'right' if rows[-1][0] else 'wrong, ' + repr(m.query.value)}); best head L{m.best_head.layer} "
+          f"h{m.best_head.head}, cosine {m.best_head.cosine:.2f}")
+heads_seen = [r[1] for r in rows]
+common = max(set(heads_seen), key=heads_seen.count)
+facts.update(lines_right=sum(r[0] for r in rows), lines=len(rows), common_head=list(common),
+             common_head_count=heads_seen.count(common), mean_best_cosine=float(np.mean([r[2] for r in rows])))
+print(f"\n{facts['lines_right']} of {len(rows)} answers right; head L{common[0]} h{common[1]} is the best match in "
+      f"{facts['common_head_count']} of {len(rows)} lines; mean best cosine {facts['mean_best_cosine']:.2f}")
+
+# %% [markdown]
+# Read the cosines with the printed verdicts. A read that matches a write made at the definition, across the
+# filler in between, is the delta rule doing its job: the state is the same K × V matrix at every token, the
+# write at the definition stored the value under a key, and the query's q finds that key again. Where the
+# match is partial, the state holds a blend of many writes (section 1: keys that overlap blur each other) and the
+# recall is spread over heads and layers. Lesson 3 asks how many such pairs a fixed-size state can hold, and
+# what a cache that keeps every token costs instead.
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Exercise 2.1 — one KDA step (★★★, about 15 min)
