@@ -27,10 +27,17 @@
 # | gated DeltaNet (GDN) | as above, after S ← α_t S (one scalar α_t per head) | forgets |
 # | **KDA** | S' = Diag(exp g_t) S_{t−1};  S_t = S' + β_t k_t (v_t − S'ᵀ k_t)ᵀ | forgets **per key channel** |
 #
-# and every variant reads o_t = S_tᵀ (scale · q_t). In this lesson: the delta rule's correction made
-# visible on an associative-recall task; what per-channel decay buys; the recurrent form equals the chunked
-# form numerically; the short convolution in front of the memory and the tail it caches; and the state of a
-# real KDA layer changing token by token.
+# and every variant reads o_t = S_tᵀ (scale · q_t).
+#
+# What is the memory for? The shipped models learned, among other things, the recall lines of their training
+# corpus (`tiny_k3.corpus`): `a=3; q=8; <filler> | q=8; a=3;` — key-value pairs, some filler, then after the
+# mark `|` the keys again, whose values must come back. In a KDA layer nothing but the K × V state carries
+# `q=8` from the definition to the query. This lesson's prompt is such a line.
+#
+# In this lesson: the delta rule's correction made visible on a synthetic key-value stream; what per-channel
+# decay buys; the recurrent form equals the chunked form numerically; the short convolution in front of the
+# memory and the tail it caches; the state of a real KDA layer changing token by token; and, on the trained
+# model, which head writes the value at its definition and reads it back at the query — measured, head by head.
 
 # %%
 import math
@@ -39,8 +46,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checks import check_kda_gate, check_kda_step, hint  # noqa: F401  (hint: for you)
-from workshop import (exercise, heatmap, integer_ticks, load_model, plt, step_slider, trace,
+from checks import check_kda_gate, check_kda_step, check_read_weights, hint  # noqa: F401  (hint: for you)
+from workshop import (exercise, expected_answer, heatmap, integer_ticks, load_model, plt, step_slider, trace,
                       try_exercise, weights_note)
 from tiny_k3 import DEFAULT_PROMPT, K3Config
 from tiny_k3.kda import kda_chunked, kda_recurrent
@@ -160,6 +167,7 @@ kda_ev = [dict(rec.of("kda"))[layer] for rec in recs]             # one event pe
 g_tok = torch.stack([e["g"][0, 0] for e in kda_ev])                    # [T, H, K] log decay per token
 half_life = math.log(2) / (-g_tok)
 print(f"preset 'small', layer {layer} (KDA): {weights_note(trained)}")
+print(f"prompt {prompt!r}: a recall line; the query after '|' asks for {expected_answer(prompt)!r}")
 print(f"gate: K3's lower-bound form g = -5·σ(...) ∈ (-5, 0) (k3_facts.md §1c); "
       f"here g ∈ [{g_tok.min():.3f}, {g_tok.max():.3f}]")
 print(f"half-lives over all channels and tokens: {half_life.min():.1f} to {half_life.max():.0f} tokens "
@@ -440,7 +448,25 @@ def my_kda_gate(g_raw, A_log, dt_bias, lower_bound):
 try_exercise(check_kda_gate, my_kda_gate)
 
 # %% [markdown]
+# ### Exercise 2.3 — the read as a sum of past writes (★★☆, about 12 min)
+# Section 6 compared the read at the query with every past write u_d. Here is why that comparison makes sense:
+# unroll S_t = Diag(exp g_t) S_{t−1} + k_t u_tᵀ from S = 0, and the read S_tᵀ q is a weighted sum of the
+# writes, Σ_d a_d u_d — KDA's read is attention over its own past writes. Find the weights a_d for one head.
+# (`hint("2.3")`, `hint("2.3", 2)`.)
+
+# %% tags=["exercise"]
+@exercise("read_weights")
+def my_read_weights(q, k, g):
+    """q [K] (the query of token t), k, g [t+1, K] (tokens 0 … t) -> a [t+1]: S_tᵀ q = Σ_d a[d] u_d."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_read_weights, my_read_weights)
+
+# %% [markdown]
 # **Take-away.** KDA's memory is a K × V matrix per head that never grows. The delta rule keeps it
 # accurate by writing only what it gets wrong; per-channel decay lets some channels hold on for
-# hundreds of tokens while others turn over every few. And the recurrent loop (decode) and the
-# chunked matmuls (prefill) are the same function.
+# hundreds of tokens while others turn over every few. The recurrent loop (decode) and the chunked
+# matmuls (prefill) are the same function. And whether a trained head really returns at the query what it wrote
+# at the definition is not a belief but a measurement: the cosine of its read with each past write.

@@ -20,11 +20,16 @@
 # latent, but it still grows. A KDA layer keeps a **fixed-size state** (lesson 2). K3 mixes them 3:1 —
 # 69 KDA layers, 24 MLA layers (k3_facts.md §1) — so its cache still grows, four times more slowly.
 #
+# What must be kept is not abstract. In the corpus's recall lines, `a=3; q=8; <filler> | q=8; a=3;`, the model
+# must still hold `q=8` when the query comes after the mark, however much filler lies between: a KV cache
+# keeps the definition's tokens themselves, a KDA state only what its fixed K × V matrices could absorb.
+#
 # In this lesson: measure both on the running tiny model with the simulator, next to its all-MLA twin, past
 # the point where the hybrid becomes the smaller one; see how MLA's one latent per token serves all its heads;
-# project to the real K3 at 1M tokens; see why a 3:1 hybrid still grows; and reconcile the speed-up numbers
+# project to the real K3 at 1M tokens; see why a 3:1 hybrid still grows; reconcile the speed-up numbers
 # that circulate (3.76x, 3.82x, 3.88x, 6.24x, "up to 6.3x"): which come from a bandwidth model, which from a
-# measurement.
+# measurement; and put the bytes next to what they buy — exact recall as the pairs pile up, measured on the
+# hybrid, its all-MLA twin and an all-KDA model trained the same way.
 
 # %%
 import numpy as np
@@ -479,4 +484,5 @@ try_exercise(check_kda_state_bytes, my_kda_state_bytes)
 # **Take-away.** KDA layers cost a fixed state per sequence (449 MB for K3), MLA layers a growing latent
 # cache (27.6 KB per token for K3's 24), one latent for all heads. The hybrid wins beyond a few thousand tokens
 # and approaches a 3.9x saving over its all-MLA twin; the reported 6.3x is Kimi Linear's measured speed-up over
-# a full-MLA baseline, beyond what any bandwidth model gives.
+# a full-MLA baseline, beyond what any bandwidth model gives. What the bytes buy is measured too (section 6): a
+# fixed state's exact recall against the number of pairs it must hold, next to a cache that keeps every token.

@@ -29,6 +29,7 @@ SOLVED = {
     checks.check_bias_update: solutions.bias_update,
     checks.check_kda_step: solutions.kda_step,
     checks.check_kda_gate: solutions.kda_gate,
+    checks.check_read_weights: solutions.read_weights,
     checks.check_mla_cache_bytes: solutions.mla_cache_bytes,
     checks.check_kda_state_bytes: solutions.kda_state_bytes,
     checks.check_depth_attention: solutions.depth_attention,
@@ -232,6 +233,44 @@ def test_kda_gate_mistakes_are_named():
 
     fails_with(checks.check_kda_gate, no_exp, "A_log is a logarithm")
     fails_with(checks.check_kda_gate, softplus_always, "sigmoid form", "(−5, 0)")
+
+
+def _after(g):
+    """Σ_{s=d+1}^{t} g_s per channel: the decay a write of token d meets before the read at t."""
+    return g.flip(0).cumsum(0).flip(0) - g
+
+
+def test_read_weights_mistakes_are_named():
+    T_before = lambda g: (torch.arange(len(g)) < len(g) - 1)[:, None]  # noqa: E731
+    fails_with(checks.check_read_weights, lambda q, k, g: k @ q, "left out the decay", "linear attention")
+    fails_with(checks.check_read_weights, lambda q, k, g: (k * (_after(g) + g).exp()) @ q, "its own token's g",
+               "decay first, then write")
+    fails_with(checks.check_read_weights, lambda q, k, g: (k * g.cumsum(0).exp()) @ q, "forward cumsum")
+    fails_with(checks.check_read_weights, lambda q, k, g: (k * _after(g).mean(-1, keepdim=True).exp()) @ q,
+               "Gated DeltaNet", "own g_s[c]")
+    fails_with(checks.check_read_weights, lambda q, k, g: (k * (_after(g) - g[-1] * T_before(g)).exp()) @ q,
+               "decay of token t itself")
+    fails_with(checks.check_read_weights, lambda q, k, g: solutions.read_weights(q, k, g) * len(q) ** -0.5,
+               "No scale here")
+    fails_with(checks.check_read_weights, lambda q, k, g: (k * _after(g).exp())[:-1] @ q, "a has shape")
+
+
+def test_read_weights_rebuild_the_read_of_the_trained_model():
+    """The solution's weights, applied to the writes of a real KDA head, give the read that head makes."""
+    from sim.recall_moment import delta_rule_reads_and_writes
+    from tiny_k3 import DEFAULT_PROMPT, TraceRecorder
+    from tiny_k3.tokenizer import encode
+
+    model, _ = workshop.load_model("small")
+    rec = TraceRecorder()
+    with torch.no_grad():
+        model(torch.tensor([encode(DEFAULT_PROMPT)]), recorder=rec)
+    layer, ev = rec.of("kda")[0]
+    q, k, v, g, beta = (ev[n][0] for n in ("q", "k", "v", "g", "beta"))
+    reads, writes = delta_rule_reads_and_writes(q, k, v, g, beta)
+    for h in range(q.shape[1]):
+        a = solutions.read_weights(q[-1, h].double(), k[:, h].double(), g[:, h].double())
+        assert torch.allclose(a @ writes[:, h], reads[-1, h], atol=1e-8), (layer, h)
 
 
 # ---------------------------------------------------------------------------- lesson 3

@@ -16,6 +16,7 @@ One module per lesson (lessonN.py), shared helpers and the registry in _common.p
     1.3 check_bias_update      aux-loss-free load balancing
     2.1 check_kda_step         one KDA recurrent step for one head
     2.2 check_kda_gate         the KDA decay gate
+    2.3 check_read_weights     the read as a weighted sum of past writes
     3.1 check_mla_cache_bytes  bytes of the MLA latent cache
     3.2 check_kda_state_bytes  bytes of the fixed KDA state
     4.1 check_depth_attention  one depth-attention read
@@ -32,7 +33,7 @@ One module per lesson (lessonN.py), shared helpers and the registry in _common.p
 
 from ._common import EXERCISES, Exercise, ExerciseError, find_exercise, hint
 from .lesson1 import check_active_params, check_bias_update, check_route
-from .lesson2 import check_kda_gate, check_kda_step
+from .lesson2 import check_kda_gate, check_kda_step, check_read_weights
 from .lesson3 import check_kda_state_bytes, check_mla_cache_bytes
 from .lesson4 import check_block_sources, check_depth_attention
 from .lesson5 import check_ep_bytes, check_mxfp4_bytes, check_release_bytes
@@ -42,7 +43,8 @@ from .lesson7 import check_ablated_route, check_kl, check_reset_head
 ALL_CHECKS = [ex.check for ex in EXERCISES.values()]     # in lesson order
 
 __all__ = ["ALL_CHECKS", "EXERCISES", "Exercise", "ExerciseError", "find_exercise", "hint", "check_route",
-           "check_active_params", "check_bias_update", "check_kda_step", "check_kda_gate", "check_mla_cache_bytes",
-           "check_kda_state_bytes", "check_depth_attention", "check_block_sources", "check_mxfp4_bytes",
+           "check_active_params", "check_bias_update", "check_kda_step", "check_kda_gate", "check_read_weights",
+           "check_mla_cache_bytes", "check_kda_state_bytes", "check_depth_attention", "check_block_sources",
+           "check_mxfp4_bytes",
            "check_release_bytes", "check_ep_bytes", "check_sublayer_order", "check_num_sources",
            "check_ablated_route", "check_kl", "check_reset_head"]

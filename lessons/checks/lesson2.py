@@ -1,4 +1,4 @@
-"""Lesson 2 checks: one KDA recurrent step, the KDA decay gate."""
+"""Lesson 2 checks: one KDA recurrent step, the KDA decay gate, the read as a weighted sum of past writes."""
 
 from __future__ import annotations
 
@@ -151,3 +151,69 @@ def check_kda_gate(fn) -> None:
         raise ExerciseError(right)
     _passed("check_kda_gate", "both gate forms (softplus and K3's lower-bound sigmoid) agree with "
                               "tiny_k3.kda.kda_gate.")
+
+
+@register("2.3", "read_weights", difficulty=2, minutes=12, expects="""
+my_read_weights(q, k, g) -> a                                  one head, the read at token t (kda.md §1)
+  q [K]: the query of token t;  k [t+1, K]: the keys of tokens 0 … t;  g [t+1, K]: their log decays (g ≤ 0)
+  returns a [t+1]: the weight of each past write in the read at t, so that the read S_tᵀ q equals
+  Σ_d a[d] · u_d, where u_d is the value-side write of token d (S_d = Diag(exp g_d) S_{d−1} + k_d u_dᵀ, S_{−1} = 0).
+  No β and no scale here: β is inside u_d, and the scale only multiplies the layer's output.
+Checked against the delta rule replayed step by step (sim.recall_moment.delta_rule_reads_and_writes).
+""",
+          hints=("Unroll the recurrence: the write of token d is made after token d's own decay, and every later "
+                 "token d+1 … t multiplies key row c of the state by exp(g_s[c]) again. So the read sees k_d decayed "
+                 "channel by channel, dotted with q.",
+                 'decay d→t per channel: exp(Σ_{s=d+1}^{t} g_s)  =  exp(reverse cumsum of g − g)\n'
+                 '  after = g.flip(0).cumsum(0).flip(0) - g;   a = (k * after.exp()) @ q'))
+def check_read_weights(fn) -> None:
+    from sim.recall_moment import delta_rule_reads_and_writes
+
+    gen = torch.Generator().manual_seed(23)
+    f64 = dict(dtype=torch.float64)
+    for T, K, V in [(6, 5, 4), (1, 4, 3), (12, 8, 8)]:
+        q = torch.nn.functional.normalize(torch.randn(T, 1, K, generator=gen, **f64), dim=-1)
+        k = torch.nn.functional.normalize(torch.randn(T, 1, K, generator=gen, **f64), dim=-1)
+        v = torch.randn(T, 1, V, generator=gen, **f64)
+        g = -2.0 * torch.rand(T, 1, K, generator=gen, **f64)          # decays that differ by channel and token
+        beta = torch.rand(T, 1, generator=gen, **f64) * 0.8 + 0.1
+        reads, writes = delta_rule_reads_and_writes(q, k, v, g, beta)
+        r, u = reads[-1, 0], writes[:, 0]                              # the read at t = T - 1, the writes [T, V]
+        qt, kk, gg = q[-1, 0], k[:, 0], g[:, 0]
+        after = gg.flip(0).cumsum(0).flip(0) - gg                     # Σ_{s=d+1}^{t} g_s
+        want = (kk * after.exp()) @ qt
+        got = _tensor(_call(fn, (qt.clone(), kk.clone(), gg.clone()), f"q [{K}], k [{T}, {K}], g [{T}, {K}]",
+                            "k and g have one row per token 0 … t; the result has one weight per token."),
+                      "a", (T,), f"one weight per past token 0 … t, t + 1 = {T}")
+        if _close(got, want, atol=1e-9):
+            if not _close(got @ u, r, atol=1e-9):       # cannot happen if want is right: a guard on the check itself
+                raise ExerciseError("a matches, but Σ a_d u_d does not give the read; please report this.")
+            continue
+        right = f"For this input (t = {T - 1}) a should be {_fmt(want)}; yours is {_fmt(got)}."
+        upto = gg.cumsum(0)
+        wrong = [
+            (kk @ qt, "You left out the decay: that is linear attention's (and DeltaNet's) weight k_d · q. In KDA "
+                      "every token after d shrinks key channel c of the state by exp(g_s[c]), so the write of d "
+                      "reaches the read at t only through exp(Σ_{s=d+1}^{t} g_s) per channel."),
+            ((kk * (after + gg).exp()) @ qt, "You decayed each write by its own token's g as well. The order inside a "
+                      "step is: decay first, then write (S_d = Diag(exp g_d) S_{d−1} + k_d u_dᵀ), so write d is "
+                      "shrunk only by tokens d+1 … t: exp(Σ_{s=d+1}^{t} g_s), i.e. exp(reverse cumsum − g)."),
+            ((kk * (after - gg[-1] * (torch.arange(T) < T - 1)[:, None]).exp()) @ qt if T > 1 else None,
+             "You left out the decay of token t itself: the read at t comes after "
+                      "token t's decay step, so every earlier write is shrunk by tokens d+1 … t, t included."),
+            ((kk * upto.exp()) @ qt, "Your decay counts from the start of the sequence (a forward cumsum). A write "
+                      "fades from the moment it is made: the decay between token d and the read at t is "
+                      "Σ_{s=d+1}^{t} g_s, a sum over the tokens *after* d (a reverse cumsum)."),
+            ((kk * (after.mean(-1, keepdim=True)).exp()) @ qt, "Your decay is one number per token for the whole "
+                      "head (the mean over channels) — Gated DeltaNet's. KDA decays each key channel c by its own "
+                      "g_s[c]: keep the K channels apart until the dot product with q."),
+        ]
+        for candidate, message in wrong:
+            if candidate is not None and _close(got, candidate, atol=1e-9):
+                raise ExerciseError(message + "\n  " + right)
+        if _close(got, want * K ** -0.5, atol=1e-9):
+            raise ExerciseError("No scale here: the read S_tᵀ q is what the writes add up to; the K^-0.5 scale only "
+                                "multiplies the layer's output.\n  " + right)
+        raise ExerciseError(right)
+    _passed("check_read_weights", "Σ_d a_d u_d equals the read S_tᵀ q: a KDA read is an attention-like weighted sum "
+                                  "of past writes, each key decayed channel by channel since it was written.")

@@ -1,4 +1,4 @@
-"""Lesson 2 solutions: one KDA step, the KDA gate."""
+"""Lesson 2 solutions: one KDA step, the KDA gate, the read weights."""
 
 import torch
 import torch.nn.functional as F
@@ -20,3 +20,12 @@ def kda_gate(g_raw, A_log, dt_bias, lower_bound):
     if lower_bound is None:
         return -rate * F.softplus(x)
     return lower_bound * torch.sigmoid(rate * x)
+
+
+def read_weights(q, k, g):
+    """q [K] (the query of token t), k, g [t+1, K] (tokens 0 … t) -> a [t+1] with S_tᵀ q = Σ_d a_d u_d (kda.md §1).
+
+    Unrolled, S_t = Σ_d Diag(exp Σ_{s=d+1}^{t} g_s) k_d u_dᵀ: write d is decayed by every token after it.
+    """
+    after = g.flip(0).cumsum(0).flip(0) - g       # Σ_{s=d+1}^{t} g_s, per key channel
+    return (k * after.exp()) @ q
