@@ -307,7 +307,7 @@ print(f"‖S_t‖_F per token: {' '.join(f'{s.norm():.3f}' for s in states)}")
 # layer's output is scale · r_t). A head whose read points the way of a write made inside the definition
 # (cosine near 1) is returning what it stored there; the head with the largest such cosine is named. Separately,
 # the answer's logit margin over the other digits splits exactly into one share per sublayer (direct logit
-# attribution through the depth read, lesson 4): which sublayers *used* the recall.
+# attribution through the AttnRes depth read, attnres.md §2): which sublayers *used* the recall.
 
 # %%
 from sim.recall_moment import delta_rule_reads_and_writes, recall_moment, recall_query_positions  # noqa: E402
