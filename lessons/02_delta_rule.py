@@ -301,13 +301,13 @@ print(f"‖S_t‖_F per token: {' '.join(f'{s.norm():.3f}' for s in states)}")
 # back (`| q=` → `8`). Between the two, the only way forward in a KDA layer is its state: some head must have
 # *written* the value under a key when it read the definition, and *read it back* when the query came.
 #
-# `sim.recall_moment` (the same measurement the TUI's state panel shows) replays the delta rule of every KDA head
-# from the q, k, v, g, β the layer used (kda.md §1). The write of token d is u_d = β_d (v_d − S'ᵀ k_d) — what it
-# stores under its key k_d, the correction of section 1 — and the read at the query t is r_t = S_tᵀ q_t (the
-# layer's output is scale · r_t). A head whose read points the way of a write made inside the definition
-# (cosine near 1) is returning what it stored there; the head with the largest such cosine is named. Separately,
-# the answer's logit margin over the other digits splits exactly into one share per sublayer (direct logit
-# attribution through the AttnRes depth read, attnres.md §2): which sublayers *used* the recall.
+# `sim.recall_moment` (also `Simulation.recall_moment`, printed by `python -m sim`) replays the delta rule of
+# every KDA head from the q, k, v, g, β the layer used (kda.md §1). The write of token d is
+# u_d = β_d (v_d − S'ᵀ k_d) — what it stores under its key k_d, the correction of section 1 — and the read at
+# the query t is r_t = S_tᵀ q_t (the layer's output is scale · r_t). A head whose read points the way of a write
+# made inside the definition (cosine near 1) is returning what it stored there; the head with the largest such
+# cosine is named. Separately, the answer's logit margin over the other digits splits exactly into one share per
+# sublayer (direct logit attribution through the AttnRes depth read, attnres.md §2): which sublayers *used* it.
 
 # %%
 from sim.recall_moment import delta_rule_reads_and_writes, recall_moment, recall_query_positions  # noqa: E402

@@ -242,7 +242,8 @@ print(f"So at 1M tokens K3 still holds {format_bytes(one_m.kv)} of KV per sequen
 
 # %%
 print(f"{'B':>4s} {'T':>9s} {'K3 ms':>7s} {'all-MLA ms':>10s} {'K2 ms':>7s} {'all-MLA/K3':>10s} {'K2/K3':>6s}")
-for r in decode_table():
+table = decode_table()                               # computed once (it counts K3 and K2 on the meta device)
+for r in table:
     print(f"{r['batch']:>4d} {r['context']:>9,} {r['K3']:>7.2f} {r['K3-all-MLA']:>10.2f} {r['K2']:>7.2f} "
           f"{r['all-MLA/K3']:>10.2f} {r['K2/K3']:>6.2f}")
 
@@ -311,7 +312,7 @@ from sim.costs import k2_serving_model  # noqa: E402
 m_k2 = k2_serving_model()
 read = lambda m: m.dense_bytes + m.moe_layers * m.top_k * m.expert_bytes  # noqa: E731  (active weights, B = 1)
 print(f"active weights read per step at batch 1: K3 {format_bytes(read(m_k3))}, K2 {format_bytes(read(m_k2))}")
-row = {(r["batch"], r["context"]): r for r in decode_table()}
+row = {(r["batch"], r["context"]): r for r in table}
 print(f"K2/K3 at B=1, 1M: {row[(1, MIB_CONTEXT)]['K2/K3']:.2f} (K3 slower);  at B=256, 1M: "
       f"{row[(256, MIB_CONTEXT)]['K2/K3']:.2f} (K3 faster)")
 slow = (decode_step_time(m_twin, 16, MIB_CONTEXT, eta_attn_full=0.35)
@@ -404,9 +405,11 @@ def reading(name):
     the most pairs), "falls" (at least 20 points lower at the most pairs than at one) or "level"."""
     r = recall[name]
     if max(r) < 2.5 * CHANCE:
-        return "at chance", f"{name} recalls nothing: at every pair count it is within noise of chance ({max(r):.0%} at best)"
+        return "at chance", (f"{name} recalls nothing: at every pair count it is within noise of chance "
+                             f"({max(r):.0%} at best)")
     if r[-1] >= 0.8:
-        return "keeps", f"{name} keeps recalling as the pairs pile up ({r[0]:.0%} at {PAIRS[0]}, {r[-1]:.0%} at {PAIRS[-1]})"
+        return "keeps", (f"{name} keeps recalling as the pairs pile up ({r[0]:.0%} at {PAIRS[0]}, "
+                         f"{r[-1]:.0%} at {PAIRS[-1]})")
     if r[0] - r[-1] >= 0.2:
         return "falls", (f"{name} recalls {r[0]:.0%} of a single pair, then falls as the pairs pile up "
                          f"(to {r[-1]:.0%} at {PAIRS[-1]})")
@@ -438,7 +441,8 @@ if "small-kda" in MODELS and "small-twin" in MODELS:
     if cheaper:
         at = int(np.mean([ln.query_start for ln in probes[max(cheaper)]]))
         size = (f"at this toy scale the fixed state is big: the all-MLA twin's growing cache is smaller than the "
-                f"all-KDA state up to {max(cheaper)} pairs (about {at} tokens at the query: the kind of crossing section 1 found)")
+                f"all-KDA state up to {max(cheaper)} pairs (about {at} tokens at the query: the kind of crossing "
+                "section 1 found)")
     else:
         size = "the all-MLA twin's cache is already larger than the all-KDA state at every one of these lengths"
     print(f"• {size}; the slope is what scales: K3's 24 MLA layers hold {format_bytes(one_m.kv)} at 2^20 tokens, "

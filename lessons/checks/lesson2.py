@@ -157,7 +157,8 @@ def check_kda_gate(fn) -> None:
 my_read_weights(q, k, g) -> a                                  one head, the read at token t (kda.md §1)
   q [K]: the query of token t;  k [t+1, K]: the keys of tokens 0 … t;  g [t+1, K]: their log decays (g ≤ 0)
   returns a [t+1]: the weight of each past write in the read at t, so that the read S_tᵀ q equals
-  Σ_d a[d] · u_d, where u_d is the value-side write of token d (S_d = Diag(exp g_d) S_{d−1} + k_d u_dᵀ, S_{−1} = 0).
+  Σ_d a[d] · u_d, where u_d is the value-side write of token d:
+  S_d = Diag(exp g_d) S_{d−1} + k_d u_dᵀ, starting from S = 0.
   No β and no scale here: β is inside u_d, and the scale only multiplies the layer's output.
 Checked against the delta rule replayed step by step (sim.recall_moment.delta_rule_reads_and_writes).
 """,
