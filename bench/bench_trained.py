@@ -7,8 +7,8 @@
    operator, letter, bracket, space) and each expert it is routed to, per MoE layer, trained vs fresh;
    and the load balance: coefficient of variation (std / mean) of the tokens per expert, with the bias
    updates and without them: two short runs trained here with the same seed, steps and data.
-3. Recall: "ka=41; mo=37; key=52; <filler> | mo=" -> is "37" the argmax, digit by digit (teacher forced)?
-   Accuracy per distance (tokens from the defined value to the asked one), hybrid vs twin.
+3. Recall: "a=3; q=8; <filler> | q=8; a=3;" (tiny_k3.recall, teacher forced, chance 10 %): exact recall of
+   2 pairs per distance for the three shipped models and fresh weights (bench_recall.py has the full tables).
 4. Attention Residuals (block) vs the standard residual: held-out loss curves of short runs trained here
    with the same seed, steps and data; and, when `--runs` holds them, the logs of full-schedule runs
    (python -m tiny_k3.train --preset small --steps 2000 --seed 0 --threads 1 --out runs --residual standard,
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-import random
 import re
 import sys
 
@@ -29,9 +28,9 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tiny_k3 import K3Config, TinyK3  # noqa: E402
-from tiny_k3.corpus import CLASSES, LETTERS, filler, recall_line, token_class  # noqa: E402
+from tiny_k3.corpus import CLASSES, token_class  # noqa: E402
+from tiny_k3.recall import make_probes, recall_accuracy  # noqa: E402
 from tiny_k3.probe import Recorder  # noqa: E402
-from tiny_k3.tokenizer import encode  # noqa: E402
 from tiny_k3.train import EVAL_SEED, corpus_rows, evaluate, train  # noqa: E402
 
 KEPT_CLASSES = [CLASSES.index(c) for c in ("digit", "operator", "letter", "bracket", "space")]
@@ -81,37 +80,6 @@ def load_cv(ids: torch.Tensor, num_experts: int) -> float:
     return float(load.std(unbiased=False) / load.mean())
 
 
-def recall_probes(filler_chars: int, n: int, seed: int) -> tuple[torch.Tensor, list[int], list[int]]:
-    """n lines with 3 pairs (2-digit values), filler, then one of the keys asked after the mark.
-
-    Returns tokens [n, L] (BOS, the line, padded with newlines: causal, so padding cannot leak back),
-    the token index of the asked value's first digit, and its distance from the defined value.
-    """
-    rng = random.Random(seed)
-    rows, where, distance = [], [], []
-    for _ in range(n):
-        keys = rng.sample([a + b for a in LETTERS for b in LETTERS], 3)
-        pairs = [(k, rng.randint(10, 99)) for k in keys]
-        asked = rng.choice(pairs)
-        line = recall_line(rng, pairs, filler_chars, [asked]) + ";"
-        line = line[: line.rindex("=") + 1] + f"{asked[1]};"
-        tokens = encode(line)
-        at = len(tokens) - 3                                     # first digit of the asked value
-        defined = len(encode(line[: line.index(f"{asked[0]}={asked[1]};") + len(asked[0]) + 1]))
-        rows.append(tokens), where.append(at), distance.append(at - defined)
-    width = max(map(len, rows))
-    padded = torch.tensor([r + [10] * (width - len(r)) for r in rows])
-    return padded, where, distance
-
-
-@torch.no_grad()
-def recall_accuracy(model: TinyK3, tokens: torch.Tensor, where: list[int]) -> float:
-    logits, _ = model(tokens)
-    guess = logits.argmax(-1)
-    hits = [bool((guess[i, at - 1:at + 1] == tokens[i, at:at + 2]).all()) for i, at in enumerate(where)]
-    return sum(hits) / len(hits)
-
-
 def short_run(config: K3Config, steps: int, **kw):
     return train(config, steps, 0, eval_every=max(1, steps // 4), progress=False, log=lambda msg: None, **kw)
 
@@ -134,16 +102,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    hybrid, twin = TinyK3.from_pretrained("small").eval(), TinyK3.from_pretrained("small-twin").eval()
+    shipped = {name: TinyK3.from_pretrained(name).eval() for name in ("small", "small-twin", "small-kda")}
+    hybrid, twin = shipped["small"], shipped["small-twin"]
     torch.manual_seed(0)
-    fresh = {"small": TinyK3(hybrid.config).eval(), "small-twin": TinyK3(twin.config).eval()}
+    fresh = {name: TinyK3(model.config).eval() for name, model in shipped.items()}
     rows = corpus_rows(args.rows, 256, EVAL_SEED)                  # the held-out text of tiny_k3.train
     E = hybrid.config.num_experts
 
     print(f"1. held-out loss, nats/byte ({len(rows)} rows x 256 tokens of unseen text; ln 512 = {math.log(512):.2f})")
-    for name, model in [("small (hybrid)", hybrid), ("small-twin (all MLA)", twin)]:
-        key = name.split()[0]
-        print(f"   {name:<22} trained {evaluate(model, rows):.3f}   fresh {evaluate(fresh[key], rows):.3f}")
+    for name, model in shipped.items():
+        print(f"   {name:<22} trained {evaluate(model, rows):.3f}   fresh {evaluate(fresh[name], rows):.3f}")
 
     short = {}
     if args.ablation_steps:
@@ -177,13 +145,12 @@ def main() -> None:
         others = (ids[(classes != c)] == top).any(-1).float().mean()
         print(f"     {CLASSES[c]:<9} expert {int(top):>3}: {share:6.1%} vs {others:6.1%}")
 
-    print("\n3. recall: exact 2-digit value after 'key=' (teacher forced argmax); 3 pairs, one asked; chance ~1%")
-    print("   trained on rows of 256 tokens (filler up to 180 chars); longer distances test what carries beyond that")
-    print(f"   {'filler chars':>12} {'distance':>9} {'hybrid':>8} {'twin':>8} {'fresh':>8}")
-    for i, n in enumerate((0, 16, 32, 64, 128, 192, 320, 448)):
-        tokens, where, dist = recall_probes(n, args.lines, seed=1000 + i)
-        acc = [recall_accuracy(m, tokens, where) for m in (hybrid, twin, fresh["small"])]
-        print(f"   {n:>12} {sum(dist) / len(dist):>9.0f} " + "".join(f"{a:>8.0%}" for a in acc))
+    print("\n3. recall: exact recall of 2 pairs (teacher-forced argmax of each asked value; chance 10 %)")
+    print(f"   {'filler':>8}" + "".join(f"{name:>12}" for name in shipped) + f"{'fresh':>12}")
+    for filler_chars in (0, 32, 128, 512):
+        probes = make_probes(args.lines, 2, filler_chars, seed=1000 + filler_chars)
+        acc = [recall_accuracy(m, probes) for m in (*shipped.values(), fresh["small"])]
+        print(f"   {filler_chars:>8}" + "".join(f"{a:>12.0%}" for a in acc))
 
     print("\n4. Attention Residuals (block) vs the standard residual, same seed, steps and data: held-out loss")
     if short:

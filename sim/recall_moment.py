@@ -24,7 +24,7 @@ import torch
 from tiny_k3.attnres import DepthStream
 from tiny_k3.corpus import RECALL_MARK
 from tiny_k3.probe import Recorder
-from tiny_k3.tokenizer import BOS, decode, encode
+from tiny_k3.tokenizer import BOS, EOS, decode, encode
 
 DIGITS = [ord(str(d)) for d in range(10)]
 
@@ -169,7 +169,7 @@ def recall_moment(model, ids: list[int], position: int) -> RecallMoment | None:
         source = DepthStream.source_of(j, cfg.residual, cfg.attnres_block_size)
         moves.append(LogitMove(f"L{layer} {site} · {kind.upper()}", layer, site, share(out, source)))
     margin = float(direction @ (scale * h))
-    predicted = decode([int(logits[0, -1].argmax())]) or "?"
+    predicted = decode([int(logits[0, -1, :EOS + 1].argmax())]) or "?"   # the ids past EOS are unused padding rows
     return RecallMoment(query, tuple(heads), tuple(moves), margin, predicted)
 
 

@@ -206,6 +206,11 @@ class K3Config:
 
 # Presets allowed past the "ends in MLA" rule: the all-KDA ablation exists to show what a fixed-size
 # state forgets (recall vs number of pairs) when no layer keeps a cache that grows with the context.
+# The small presets start their weights at N(0, 0.07), not 0.02: 0.02 is GPT-2's std at width 768; at width 64
+# and latents of 16-32 it leaves attention logits ~0.01 at init (q, k entries ~0.1), uniform attention and
+# gradients too small to leave it (measured: a twin at 0.02 did not recall 2 pairs after 200 recall-only
+# steps, 15 %; at 0.07 it reached 38 %). 0.07 ~ 0.02 * sqrt(768 / 64) keeps GPT-2's per-unit scale.
+SMALL_INIT_STD = 0.07
 ALL_KDA_ABLATIONS = ("small-kda",)
 
 DEFAULT_PRESET = "small"
@@ -259,6 +264,7 @@ _PRESETS: dict[str, K3Config] = {
         mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
         num_experts=896, top_k=16, moe_intermediate=8, latent_dim=16, shared_intermediate=32,
         attnres_block_size=4,  # 3.2M parameters: the hybrid and its twin ship in bfloat16 in 12.6 MB
+        init_std=SMALL_INIT_STD,
     ),
     # The all-KDA ablation of `small` (same widths, every attention layer KDA): see ALL_KDA_ABLATIONS.
     "small-kda": K3Config(
@@ -266,7 +272,7 @@ _PRESETS: dict[str, K3Config] = {
         max_seq_len=2048, kda_heads=2, kda_head_dim=32, kda_gate_rank=32, layer_kinds=("kda",) * 8,
         mla_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16,
         num_experts=896, top_k=16, moe_intermediate=8, latent_dim=16, shared_intermediate=32,
-        attnres_block_size=4,
+        attnres_block_size=4, init_std=SMALL_INIT_STD,
     ),
     # The tests' preset: one KDA,KDA,KDA,MLA cycle, 112 experts top-2 (still 56:1).
     "tiny": K3Config(

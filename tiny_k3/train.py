@@ -1,11 +1,12 @@
 """Train a tiny K3 on the synthetic corpus; this is what makes the shipped checkpoints.
 
-    python -m tiny_k3.train --preset small --steps 700 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-twin --steps 700 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-kda --steps 700 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small --steps 1500 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-twin --steps 1500 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-kda --steps 1500 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
 
-(the commands of the shipped checkpoints: the same data, seed and schedule; about 23 CPU-minutes each, so the
-three run side by side in about 40 minutes on 2 cores). `<preset>-twin` is the all-softmax twin of a preset;
+(the commands of the shipped checkpoints: the same data, seed and schedule; 37, 49 and 52 CPU-minutes for the
+twin, small and small-kda, one thread each, so each fits an hour on one core; side by side on 2 cores shared
+with other work they took 65-80 minutes of wall time). `<preset>-twin` is the all-softmax twin of a preset;
 --residual and --no-bias-update make ablations.
 
 The data (tiny_k3.data) follow CURRICULUM, one stage per quarter of the run: recall-only lines of 1-4 pairs
