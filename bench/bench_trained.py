@@ -121,13 +121,14 @@ def main() -> None:
         short["no bias"] = short_run(hybrid.config, n, bias_update=False)
         short["standard"] = short_run(hybrid.config.replace(residual="standard", name="small-standard"), n)
 
-    classes = rows[:, :-1].clone().apply_(token_class)
+    tokens = rows.tokens                                          # [N, 257]: BOS + 256 bytes
+    classes = tokens[:, :-1].clone().apply_(token_class)
     print(f"\n2. routing on the same text: I(class; expert) in bits (H(class) = {class_entropy(classes):.2f} bits, "
           f"5 classes) and load CV (std/mean of tokens per expert; 0 = perfectly even)")
-    traces = {"shipped": routing(hybrid, rows), "fresh": routing(fresh["small"], rows)}
+    traces = {"shipped": routing(hybrid, tokens), "fresh": routing(fresh["small"], tokens)}
     for key in ("bias", "no bias"):
         if key in short:
-            traces[f"{args.ablation_steps}st {key}"] = routing(short[key].model.eval(), rows)
+            traces[f"{args.ablation_steps}st {key}"] = routing(short[key].model.eval(), tokens)
     print("   layer" + "".join(f"{'MI ' + k:>17}" for k in traces))
     for layer in traces["shipped"]:
         print(f"   {layer:>5}" + "".join(f"{mutual_information(classes, t[layer], E):>17.3f}" for t in traces.values()))
