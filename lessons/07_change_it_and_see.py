@@ -53,8 +53,8 @@ from tiny_k3.tokenizer import encode
 from tiny_k3.weights import available_pretrained
 
 facts = {}
-KEY_VALUE = "47"
-RECALL = f"ka=41; key={KEY_VALUE}; the red fox sees a box. | key="   # the training corpus's recall format
+KEY, KEY_VALUE = "m", "7"
+RECALL = f"k=4; {KEY}={KEY_VALUE}; the red fox sees a box. | {KEY}="   # a recall line of the training corpus
 sim = Simulation("small", RECALL, seed=0, twin=False)
 cfg = sim.config
 answer_id = encode(KEY_VALUE[0], bos=False)[0]
@@ -71,7 +71,7 @@ print(f"what_if() with no change: KL {noop.kl[0]}, frame identical to the timeli
 # %% [markdown]
 # ## 1. Wipe the memory at the recall query
 #
-# The value was written a few dozen tokens before the query (printed above). At `key=` the model must fetch it. Two memories
+# The value was written a few dozen tokens before the query (printed above). At `m=` the model must fetch it. Two memories
 # could hold it: the **KDA states** (fixed size, lesson 2) and the **MLA caches** (every token, lesson 3).
 # `ResetState()` wipes all KDA states just before the query token; `TruncateContext(1)` blinds the MLA
 # layers to everything but the current token; both together leave the model nothing. Three generated
@@ -94,10 +94,10 @@ for name, w in recall.items():
 base = recall["original"]
 facts["recall_right"] = base.text_after.startswith(KEY_VALUE)
 facts["recall_p"] = {name: p_answer(w.logits_after[0]) for name, w in recall.items()}
-facts["reset_survives"] = recall["reset KDA"].text_after[:2] == base.text_after[:2]
+facts["reset_survives"] = recall["reset KDA"].text_after[:1] == base.text_after[:1]
 facts["reset_kl"], facts["window_kl"] = recall["reset KDA"].kl[0], recall["MLA window 1"].kl[0]
-print(f"\nThe hybrid answers {base.text_after[:2]!r}: {'right' if facts['recall_right'] else 'wrong'} "
-      f"(p = {facts['recall_p']['original']:.3f} on the first digit; chance among 10 digits is 0.1).")
+print(f"\nThe hybrid answers {base.text_after[:1]!r}: {'right' if facts['recall_right'] else 'wrong'} "
+      f"(p = {facts['recall_p']['original']:.3f}; chance among 10 digits is 0.1).")
 print(f"Wiping every KDA state {'leaves the answer as it was' if facts['reset_survives'] else 'changes the answer'} "
       f"(KL {facts['reset_kl']:.4f}); blinding the MLA layers moves it by KL {facts['window_kl']:.5f}.")
 
@@ -131,7 +131,7 @@ for j, (model_name, ps) in enumerate(models.items()):
 ax.axhline(0.1, color="grey", ls="--", lw=1, label="chance (1 of 10 digits)")
 ax.set_xticks(np.arange(len(names)) + 0.19 * (len(models) - 1), names)
 ax.set_xlabel("what was wiped just before the query token"), ax.set_ylabel(f"p(next = {KEY_VALUE[0]!r})")
-ax.set_title(f"recall of key={KEY_VALUE} at the query"), ax.legend()
+ax.set_title(f"recall of {KEY}={KEY_VALUE} at the query"), ax.legend()
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -142,10 +142,15 @@ plt.tight_layout(); plt.show()
 # the first place: the printed lines say whether it did.
 
 # %%
+def ratio_text(big: float, small: float) -> str:
+    """'37x', or 'over 1,000x' when the smaller KL is (nearly) zero and the quotient means nothing."""
+    return "over 1,000x" if big > 1000 * small else f"{big / small:.0f}x"
+
+
 reads_kda = facts["reset_kl"] > 10 * facts["window_kl"]
 facts["memory_in_kda"] = reads_kda
 print("This checkpoint reads the prompt through its " + ("KDA states: wiping them moves the prediction "
-      f"{facts['reset_kl'] / max(facts['window_kl'], 1e-12):.0f}x more than blinding the MLA layers, so the MLA "
+      f"{ratio_text(facts['reset_kl'], facts['window_kl'])} more than blinding the MLA layers, so the MLA "
       "cache does not rescue a reset here." if reads_kda else "MLA caches as much as through its KDA states: "
       "blinding the MLA layers matters about as much as a reset."))
 

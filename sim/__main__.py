@@ -1,6 +1,6 @@
 """`python -m sim`: step a prompt through tiny_k3 without the TUI, for scripts and workshops.
 
-    python -m sim --preset small --prompt "key=7; 3+4=" --steps 16 --layer 3
+    python -m sim --preset small --prompt "k=4; m=7; a red box. | m=" --steps 16 --layer 3
     python -m sim costs          # K3's serving figures and the corrections, with their sources
     python -m sim measure --quick  # one real-width layer of each kind timed here, composed into K3 and its twin
 

@@ -1,6 +1,6 @@
 """Simulation: a prompt stepped through tiny_k3 one token at a time, recorded as a timeline of Frames.
 
-    sim = Simulation("small", "key=7; 3+4=", seed=0)
+    sim = Simulation("small", "k=4; m=7; a red box. | m=", seed=0)
     sim.step()            # decode one token -> Frame
     sim.back(); sim.step(force_token="9")   # branch: a different choice from the saved decode state
 
