@@ -101,10 +101,10 @@ for eps in (1e-12, 1e-5):
 
 # %% [markdown]
 # With a negligible eps (1e-12) the three agree to float64 rounding of eps. With the preset's eps = 1e-5
-# they do **not** agree, and not by rounding: the difference printed above is a large fraction of the logits
-# themselves. At initialisation (weights of std 0.02) the hidden states are tiny, so mean(h²) is not much
-# bigger than eps and RMSNorm is far from scale-invariant: dividing the stream by l (the zero query's mean)
-# changes what the next norm outputs. That is the "up to eps" of attnres.md §3 — at a real model's scale
+# they do **not** agree, and not by rounding: the difference printed above is a few percent of the logits
+# themselves, millions of times float64's rounding. At initialisation the hidden states are small, so mean(h²)
+# is not much bigger than eps and RMSNorm is not quite scale-invariant: dividing the stream by l (the zero
+# query's mean) changes what the next norm outputs. That is the "up to eps" of attnres.md §3 — at a real model's scale
 # (larger activations) it vanishes. Training then moves the queries away from zero and the networks part ways.
 #
 # ## 3. Norm growth: standard residual vs AttnRes

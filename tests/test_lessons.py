@@ -303,8 +303,8 @@ def test_lesson4_facts(executed):
     tiny, preset = f["eps1e-12"], f["eps1e-05"]
     # "with a negligible eps the three agree to float64 rounding"
     assert max(tiny["block"], tiny["full"], tiny["block_full"]) < 1e-6 * max(1.0, tiny["logits"]), tiny
-    # "with eps = 1e-5 they do not agree, and not by rounding: a large fraction of the logits"
-    assert preset["full"] > 0.1 * preset["logits"] and preset["block_full"] > 0.1 * preset["logits"], preset
+    # "with eps = 1e-5 they do not agree, and not by rounding: a few percent of the logits"
+    assert preset["full"] > 0.01 * preset["logits"] and preset["block_full"] > 0.01 * preset["logits"], preset
     assert f["depth_rows_sum_to_one"] is True
 
 
