@@ -150,3 +150,18 @@ def test_gated_mla_fused_projection_equals_the_separate_modules():
         torch.testing.assert_close(y, y_ref.detach(), atol=1e-14, rtol=0)
         torch.testing.assert_close(y2, y2_ref.detach(), atol=1e-14, rtol=0)
         torch.testing.assert_close(y_one, y2_ref.detach()[:, :1], atol=1e-14, rtol=0)
+
+
+def test_cached_cat_of_inference_tensors_is_rebuilt_every_call():
+    # inference tensors have no version counter: an in-place change inside inference mode must still be seen
+    from tiny_k3.moe import LatentMoE
+
+    with torch.inference_mode():
+        moe = LatentMoE(K3Config.preset("tiny"))
+        x = torch.randn(1, 1, moe.config.hidden_size)
+        before = moe(x)
+        moe.down.weight.mul_(2.0)
+        after = moe(x)
+        moe.gather_max_elements = 0
+        torch.testing.assert_close(after, moe(x), atol=1e-6, rtol=0)
+    assert (after - before).abs().max() > 1e-4

@@ -361,3 +361,23 @@ def test_layer_init_and_meta_device():
 def test_k3_layer_parameter_count():
     meta = KDALayer(K3Config.preset("k3"), device="meta")
     assert sum(p.numel() for p in meta.parameters()) == 443_740_384  # 443.7M per KDA layer
+
+
+def test_too_strong_decay_halves_the_chunk_before_the_general_form(monkeypatch):
+    # a decay that cannot be factored over 64 tokens but can over 16: the factored form runs at 16, exact
+    q, k, v, _, beta = _inputs(1, 100, 2, 8, 8)
+    g = -0.9 - 0.2 * torch.rand(1, 100, 2, 8, dtype=F64)          # spread over 64 tokens ~ 60, over 16 ~ 15
+    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: 20.0)
+    sizes, general = [], []
+    factored, slow = kda_module._chunked_factored, kda_module._chunked_general
+    monkeypatch.setattr(kda_module, "_chunked_factored", lambda chunks, *a: sizes.append(chunks.C) or factored(chunks, *a))
+    monkeypatch.setattr(kda_module, "_chunked_general", lambda chunks, *a: general.append(chunks.C) or slow(chunks, *a))
+    o, s = kda_chunked(q, k, v, g, beta, output_final_state=True, chunk_size=64)
+    assert sizes == [16] and general == []
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, output_final_state=True)
+    torch.testing.assert_close(o, o_ref, atol=1e-10, rtol=0)
+    torch.testing.assert_close(s, s_ref, atol=1e-10, rtol=0)
+    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: 5.0)   # not even 16 tokens: general at 64
+    o2 = kda_chunked(q, k, v, g, beta, chunk_size=64)[0]
+    assert sizes == [16] and general == [64]
+    torch.testing.assert_close(o2, o_ref, atol=1e-10, rtol=0)

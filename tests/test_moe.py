@@ -291,3 +291,51 @@ def test_mix_experts_takes_any_pairs_to_rows(path):
                                moe.mix_experts(z[:2], pairs, weights[:4], torch.tensor([0, 0, 1, 1])),
                                rtol=0, atol=1e-12)
     assert torch.equal(moe.mix_experts(z, ids[:0], weights[:0], token[:0]), torch.zeros_like(z))
+
+
+# ---------------------------------------------------------------------------------------------- decode fast path
+@pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])
+def test_one_token_fast_path_equals_the_general_path_and_all_experts(preset, act):
+    moe = _moe(preset, mlp_act=act)
+    x = torch.randn(1, 1, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        assert moe._can_decode_token(x)
+        recorder = TraceRecorder()
+        fast = moe(x, recorder=recorder, layer=2)
+        moe.gather_max_elements = 0                                  # not the fast path: the general (sorted) one
+        assert not moe._can_decode_token(x)
+        reference_recorder = TraceRecorder()
+        reference = moe(x, recorder=reference_recorder, layer=2)
+    assert fast.abs().mean() > 0.1
+    torch.testing.assert_close(fast, reference, rtol=0, atol=1e-12)
+    torch.testing.assert_close(fast, moe.dense_reference(x).detach(), rtol=0, atol=1e-12)
+    (layer, got), = recorder.of("moe")
+    (_, want), = reference_recorder.of("moe")
+    assert layer == 2 and got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    assert moe.last_load.sum() == moe.config.top_k
+
+
+def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
+    from tiny_k3.hooks import Hooks
+
+    moe = _moe("tiny")
+    x = torch.randn(1, 1, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        before = moe(x)
+        for p in (moe.router.weight, moe.down.weight, moe.shared.w1.weight, moe.up.weight, moe.shared.w2.weight):
+            p.mul_(1.5)                                               # every cached concatenation must follow
+        after = moe(x)
+        hooks = Hooks(blocked_experts={1: (int(moe.router(x).expert_ids[0, 0, 0]),)})
+        blocked = moe(x, layer=1, hooks=hooks)
+        assert moe._last_ids[0, 0, 0] != moe.router(x).expert_ids[0, 0, 0]
+        forced = moe(x, layer=1, hooks=Hooks(forced_experts={1: (3, 5, 7)}))   # another k than top_k
+    assert (after - before).abs().max() > 1e-3
+    torch.testing.assert_close(after, moe.dense_reference(x).detach(), rtol=0, atol=1e-12)
+    moe.gather_max_elements = 0
+    with torch.no_grad():
+        torch.testing.assert_close(blocked, moe(x, layer=1, hooks=hooks), rtol=0, atol=1e-12)
+        torch.testing.assert_close(forced, moe(x, layer=1, hooks=Hooks(forced_experts={1: (3, 5, 7)})), rtol=0, atol=1e-12)
+    graded = moe(x)                                                    # autograd on: the general path
+    assert graded.requires_grad and not moe._can_decode_token(x)

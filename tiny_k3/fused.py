@@ -10,6 +10,8 @@ counter and dtype. With autograd on, the separate parts run (the reference): tra
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,27 +21,54 @@ def autograd_needed(tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-class CachedCat:
-    """cat([owner.<name>.<attr> for name in names], dim), kept between calls. Everything is looked up on the
-    owner at every call (a submodule may be swapped, `.to()` replaces the tensors), and a deep copy of the
-    owner follows the copy."""
+class CachedWeights:
+    """build(*[owner.<name>.<attr> for name in names]), kept between calls. A name may be a dotted path
+    ("shared.w1"). Everything is looked up on the owner at every call (a submodule may be swapped, `.to()`
+    replaces the tensors), and a deep copy of the owner follows the copy. Parts that are inference tensors
+    (made under torch.inference_mode) have no version counter, so for them nothing is kept: built every call.
+    """
 
-    def __init__(self, owner: nn.Module, names: tuple[str, ...], attr: str = "weight", dim: int = 0):
-        self.owner, self.names, self.attr, self.dim = owner, names, attr, dim
+    def __init__(self, owner: nn.Module, names: tuple[str, ...], build, attr: str = "weight"):
+        self.owner, self.names, self.build, self.attr = owner, names, build, attr
+        self._paths = tuple(tuple(name.split(".")) for name in names)
         self._key: tuple | None = None
         self._value: torch.Tensor | None = None
 
     def parts(self) -> list[torch.Tensor]:
-        return [getattr(getattr(self.owner, name), self.attr) for name in self.names]
+        # The modules' own dicts first (nn.Module.__getattr__ is the slow way to the same objects at decode).
+        found = []
+        for path in self._paths:
+            module = self.owner
+            for name in path:
+                child = module._modules.get(name)
+                module = getattr(module, name) if child is None else child
+            tensor = module._parameters.get(self.attr)
+            found.append(getattr(module, self.attr) if tensor is None else tensor)
+        return found
 
     def __call__(self) -> torch.Tensor:
         parts = self.parts()
+        if any(t.is_inference() for t in parts):
+            self._key = None
+            with torch.no_grad():
+                return self.build(*parts)
         key = tuple((t.data_ptr(), t._version, t.dtype) for t in parts)
         if key != self._key:
             with torch.no_grad():
-                self._value = torch.cat(parts, self.dim)
+                self._value = self.build(*parts)
             self._key = key
         return self._value
+
+
+class CachedCat(CachedWeights):
+    """cat([owner.<name>.<attr> for name in names], dim), kept between calls (see `CachedWeights`)."""
+
+    def __init__(self, owner: nn.Module, names: tuple[str, ...], attr: str = "weight", dim: int = 0):
+        super().__init__(owner, names, functools.partial(_cat, dim=dim), attr)
+
+
+def _cat(*parts: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.cat(parts, dim)
 
 
 class FusedLinears:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import K3Config
+from .fused import CachedCat, CachedWeights, autograd_needed
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -140,7 +141,10 @@ class Router(nn.Module):
 
         `hooks` (tiny_k3.hooks.Hooks) may block, force or unbias this layer's selection; None: as trained."""
         dtype = torch.promote_types(x.dtype, torch.float32)
-        scores = torch.sigmoid(F.linear(x.to(dtype), self.weight.to(dtype)))
+        return self.choose(torch.sigmoid(F.linear(x.to(dtype), self.weight.to(dtype))), hooks, layer)
+
+    def choose(self, scores: torch.Tensor, hooks=None, layer: int = 0) -> Routing:
+        """The selection from the affinities scores [..., E] (what `forward` does after the sigmoid)."""
         if hooks is not None and hooks.changes_routing(layer):
             return hooks.route(layer, scores, self)
         return route(scores, self.bias, self.top_k, self.renormalize, self.scaling)
@@ -192,16 +196,23 @@ class LatentMoE(nn.Module):
         for weight in (self.w1, self.w3, self.w2):  # nn.Linear weights are TinyK3's `_init_weights`
             nn.init.normal_(weight, std=c.init_std)
         self._last_ids: torch.Tensor | None = None
+        # Inference caches for `_decode_token` (tiny_k3/fused.py): everything that reads x as one matrix, and
+        # the two projections that are summed at the end side by side. Not parameters: state_dict unchanged.
+        self._reads_x = CachedCat(self, ("router", "down", "shared.w1", "shared.w3"))
+        self._writes_out = CachedWeights(self, ("up", "latent_norm", "shared.w2"), _output_weight)
+        self._situ_caps = None
 
     @property
     def last_load(self) -> torch.Tensor:
         """[E] float: tokens routed to each expert in the last forward (zeros before the first)."""
         if self._last_ids is None:
             return torch.zeros(self.config.num_experts, device=self.w1.device)
-        return torch.bincount(self._last_ids, minlength=self.config.num_experts).float()
+        return torch.bincount(self._last_ids.reshape(-1), minlength=self.config.num_experts).float()
 
     def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0, hooks=None) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]. `hooks`: routing changes for a what-if (tiny_k3.hooks), None: none."""
+        if self._can_decode_token(x):
+            return self._decode_token(x, recorder, layer, hooks)
         routing = self.route_tokens(x, recorder, layer, hooks)
         z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
         y = self.mix_experts(z, routing.expert_ids.reshape(-1), routing.weights.reshape(-1).to(z.dtype))
@@ -213,11 +224,79 @@ class LatentMoE(nn.Module):
         if x.shape[-1] != self.config.hidden_size:
             raise ValueError(f"LatentMoE expects inputs of width hidden_size={self.config.hidden_size}, "
                              f"got shape {list(x.shape)}.")
-        routing = self.router(x, hooks, layer)
-        self._last_ids = routing.expert_ids.reshape(-1).detach()   # counted lazily by `last_load`
-        recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
-                        expert_ids=routing.expert_ids.detach(), weights=routing.weights.detach())
+        return self._report(self.router(x, hooks, layer), recorder, layer)
+
+    def _report(self, routing: Routing, recorder: Recorder, layer: int) -> Routing:
+        """Keep the ids for `last_load` (counted lazily) and send the "moe" event."""
+        self.__dict__["_last_ids"] = routing.expert_ids.detach()   # a plain attribute: skip Module.__setattr__
+        if recorder is not NO_RECORDER:
+            recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
+                            expert_ids=self._last_ids, weights=routing.weights.detach())
         return routing
+
+    def _can_decode_token(self, x: torch.Tensor) -> bool:
+        """`_decode_token` applies: one token, no autograd, the plain modules of K3's layout, one float dtype."""
+        if x.dim() != 3 or x.shape[0] * x.shape[1] != 1 or (torch.is_grad_enabled() and self.w1.requires_grad):
+            return False
+        c, mods, w1 = self.config, self._modules, self._parameters["w1"]
+        shared = mods["shared"]
+        return (x.shape[-1] == c.hidden_size and c.mlp_act in ("situ", "swiglu")
+                and c.top_k * 3 * w1.shape[1] * w1.shape[2] <= self.gather_max_elements
+                and x.dtype in (torch.float32, torch.float64) and x.dtype == w1.dtype == mods["router"].weight.dtype
+                and type(mods["down"]) is nn.Linear and type(mods["up"]) is nn.Linear
+                and type(mods["latent_norm"]) is RMSNorm and type(shared) is GatedMLP
+                and all(type(m) is nn.Linear for m in shared._modules.values())
+                and not autograd_needed(self.parameters()))
+
+    def _decode_token(self, x: torch.Tensor, recorder: Recorder, layer: int, hooks) -> torch.Tensor:
+        """`forward` for one token [1, 1, D] without autograd, in fewer ops: the same sums, another order.
+
+        At decode every op is overhead (small: 16 of 896 experts of width 8), so: router, down projection and
+        the shared experts' gate and up are one product with x; the routed and shared experts' gated
+        activations one call on side-by-side rows; the latent norm's weight is folded into W_up, and
+        W_up RMSNorm(y) + W2_shared h is one product with [y / rms(y) | h]. The modules are read from their
+        dicts (nn.Module attribute lookup costs about a microsecond each). The reference is the general path
+        (`route_tokens`, `mix_experts`, `combine`); tests compare the two.
+        """
+        c, mods, params = self.config, self._modules, self._parameters
+        w1, w2, w3, router = params["w1"], params["w2"], params["w3"], mods["router"]
+        E, m, l, hs = c.num_experts, w1.shape[1], w1.shape[2], mods["shared"]._modules["w1"].out_features
+        xs = F.linear(x, self._reads_x()).view(-1)                         # [E + l + 2 hs]
+        scores = torch.sigmoid(xs[:E].view(1, 1, E))
+        if hooks is not None and hooks.changes_routing(layer):
+            routing = hooks.route(layer, scores, router)
+        else:  # `route` without its argument checks (the router's own settings are checked when it is built)
+            ids = (scores + router._buffers["bias"]).topk(router.top_k, dim=-1, sorted=True).indices
+            weights = scores.gather(-1, ids)
+            if router.renormalize:
+                weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+            routing = Routing(ids, weights * router.scaling if router.scaling != 1.0 else weights, scores)
+        self._report(routing, recorder, layer)
+        ids = routing.expert_ids.view(-1)                                  # [k] (a what-if may force another k)
+        k = ids.numel()
+        z = xs[E:E + l]                                                    # [l]
+        rows = torch.cat([w1.index_select(0, ids).view(k * m, l) @ z, xs[E + l:E + l + hs],
+                          w3.index_select(0, ids).view(k * m, l) @ z, xs[E + l + hs:]]).view(2, -1)
+        h = self._glu_rows(rows)                                          # [k*m + hs]: routed experts, then shared
+        routed = h[:k * m].view(k, m, 1) * routing.weights.view(k, 1, 1)
+        y = torch.bmm(w2.index_select(0, ids), routed).sum(0).view(l)     # sum_j w_j W2_j h_j
+        eps = mods["latent_norm"].eps
+        y = y * torch.rsqrt(torch.dot(y, y).div_(l).add_(eps))           # RMSNorm without its weight (folded)
+        return F.linear(torch.cat([y, h[k * m:]]), self._writes_out()).view_as(x)
+
+    def _glu_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """`glu(rows[0], rows[1])` for rows [2, n] (gate, up) in fewer ops: SiTU-GLU divides both rows by
+        their caps at once (the same quotients as one row at a time)."""
+        c = self.config
+        if c.mlp_act == "swiglu":
+            return swiglu(rows[0], rows[1])
+        caps = self._situ_caps
+        if caps is None or caps.dtype != rows.dtype or caps.device != rows.device:
+            with torch.inference_mode(False):
+                caps = torch.tensor([[c.situ_beta_gate], [c.situ_beta_up]], dtype=rows.dtype, device=rows.device)
+            self._situ_caps = caps
+        capped = torch.tanh(rows / caps)                                   # [tanh(g/4); tanh(u/25)]
+        return capped[0] * torch.sigmoid(rows[0]) * capped[1] * _constant(c.situ_beta_gate * c.situ_beta_up)
 
     def combine(self, y_latent: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The tail after the expert sum: W_up RMSNorm(y) + Shared(x). y_latent [..., l], x [..., D] -> [..., D]."""
@@ -280,6 +359,11 @@ class LatentMoE(nn.Module):
         mix = torch.zeros(routing.scores.shape, dtype=z.dtype, device=z.device)
         mix = mix.scatter(-1, routing.expert_ids, routing.weights.to(z.dtype))       # [B, T, E]
         return self.combine(torch.einsum("bte,btel->btl", mix, every), x)
+
+
+def _output_weight(up: torch.Tensor, norm: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """[W_up Diag(norm weight) | W2 of the shared experts], [D, l + hs]: `LatentMoE.combine` as one product."""
+    return torch.cat([up * norm, w2], 1)
 
 
 class PlainMoE(LatentMoE):
