@@ -11,6 +11,13 @@ from tiny_k3.moe import GatedMLP, LatentMoE, Router, Routing, route, situ_glu
 from tiny_k3.probe import TraceRecorder
 
 DECODE, PREFILL = 1 << 62, 0   # values of LatentMoE.gather_max_elements that force one code path
+TILES = -1                     # PREFILL with pad_max_ratio = 0: the sorted pairs cut into tiles, never padded
+PADDED = -2                    # PREFILL with a huge pad_max_ratio: every expert padded to the busiest one
+
+
+def _use_path(moe, path):
+    moe.gather_max_elements = PREFILL if path in (TILES, PADDED) else path
+    moe.pad_max_ratio = {TILES: 0, PADDED: 1 << 30}.get(path, moe.pad_max_ratio)
 
 
 # ---------------------------------------------------------------------------------------------- route
@@ -175,11 +182,11 @@ def _moe(preset: str, seed: int = 0, **overrides) -> LatentMoE:
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-@pytest.mark.parametrize("path", [DECODE, PREFILL])
+@pytest.mark.parametrize("path", [DECODE, PREFILL, TILES, PADDED])
 @pytest.mark.parametrize("shape", [(1, 1), (2, 3), (2, 64)])
 def test_sparse_forward_equals_all_experts(preset, path, shape):
     moe = _moe(preset)
-    moe.gather_max_elements = path
+    _use_path(moe, path)
     x = torch.randn(*shape, moe.config.hidden_size, dtype=torch.float64)
     y = moe(x)
     assert y.shape == x.shape and y.dtype == torch.float64
@@ -187,8 +194,10 @@ def test_sparse_forward_equals_all_experts(preset, path, shape):
     torch.testing.assert_close(y, moe.dense_reference(x), rtol=0, atol=1e-10)
 
 
-def test_default_path_choice_covers_both_and_gradients_match_the_oracle():
+@pytest.mark.parametrize("pad_max_ratio", [0, 3, 1 << 30])
+def test_default_path_choice_covers_both_and_gradients_match_the_oracle(pad_max_ratio):
     moe = _moe("tiny")
+    moe.pad_max_ratio = pad_max_ratio                               # the sorted path tiled, as chosen, padded
     for tokens in (1, 300):                                         # decode path, then the sorted path
         x = torch.randn(1, tokens, moe.config.hidden_size, dtype=torch.float64)
         sparse = torch.autograd.grad(moe(x).square().sum(), list(moe.parameters()))
@@ -197,10 +206,11 @@ def test_default_path_choice_covers_both_and_gradients_match_the_oracle():
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=name)
 
 
-@pytest.mark.parametrize("path", [DECODE, PREFILL])
+@pytest.mark.parametrize("path", [DECODE, TILES, PADDED])
 def test_only_the_chosen_experts_are_computed(path):
+    # (PADDED runs every expert, unchosen ones on zero rows only; those rows are never read back)
     moe = _moe("small")
-    moe.gather_max_elements = path
+    _use_path(moe, path)
     x = torch.randn(2, 20, moe.config.hidden_size, dtype=torch.float64)
     before = moe(x)
     chosen = torch.zeros(moe.config.num_experts, dtype=torch.bool)
@@ -269,12 +279,12 @@ def test_gated_mlp_shapes_and_formula():
     torch.testing.assert_close(mlp(x), expected)
 
 
-@pytest.mark.parametrize("path", [DECODE, PREFILL])
+@pytest.mark.parametrize("path", [DECODE, TILES, PADDED])
 def test_mix_experts_takes_any_pairs_to_rows(path):
     """Pairs with an explicit row (some rows with several pairs, some with none) give the per-pair sum;
     token-major pairs without rows are the same as rows p // k."""
     moe = _moe("tiny")
-    moe.gather_max_elements = path
+    _use_path(moe, path)
     gen = torch.Generator().manual_seed(4)
     z = torch.randn(5, moe.config.latent_dim, dtype=torch.float64, generator=gen)
     ids = torch.randint(0, moe.config.num_experts, (7,), generator=gen)

@@ -177,6 +177,9 @@ class LatentMoE(nn.Module):
     # Decode path while the per-pair weight copies stay below this many elements (measured crossover on CPU,
     # about 1 MB of fp32); above it, sort the pairs by expert. Tests set it to 0 or a huge value to pick a path.
     gather_max_elements = 1 << 18
+    # Sorted path: pad every expert to the busiest one's count while that costs at most this many buffer rows
+    # per pair (an even load, as in prefill with a balanced router); a more skewed load is cut into tiles.
+    pad_max_ratio = 4
 
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()
@@ -284,6 +287,22 @@ class LatentMoE(nn.Module):
         y = y * torch.rsqrt(torch.dot(y, y).div_(l).add_(eps))           # RMSNorm without its weight (folded)
         return F.linear(torch.cat([y, h[k * m:]]), self._writes_out()).view_as(x)
 
+    def _mix_padded(self, z: torch.Tensor, sorted_ids: torch.Tensor, token: torch.Tensor, weights: torch.Tensor,
+                    counts: torch.Tensor, most: int) -> torch.Tensor:
+        """`mix_experts` for pairs sorted by expert when the load is even enough: every expert gets `most`
+        columns (its pairs, then zeros), so each product is one bmm with the stacked weights exactly as they
+        are stored, copied nowhere: W1 [E, m, l] @ Z^T [E, l, most] (columns, not rows: a transposed weight
+        operand would make torch copy all E experts first). The caller takes this path while
+        E * most <= pad_max_ratio * pairs, which bounds the padding.
+        z [N, l]; sorted_ids, token, weights [P] by expert; counts [E]. Returns [N, l]."""
+        E, l = counts.numel(), z.shape[1]
+        rank = torch.arange(sorted_ids.numel(), device=z.device) - (torch.cumsum(counts, 0) - counts)[sorted_ids]
+        columns = z.new_zeros(E, l, most)                                            # Z^T per expert
+        columns.transpose(1, 2)[sorted_ids, rank] = z.index_select(0, token)
+        h = self._glu(self.w1 @ columns, self.w3 @ columns)                          # [E, m, most]
+        out = (self.w2 @ h).transpose(1, 2)[sorted_ids, rank] * weights.unsqueeze(-1)   # [P, l]
+        return z.new_zeros(z.shape[0], l).index_add(0, token, out)
+
     def _glu_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """`glu(rows[0], rows[1])` for rows [2, n] (gate, up) in fewer ops: SiTU-GLU divides both rows by
         their caps at once (the same quotients as one row at a time)."""
@@ -324,19 +343,22 @@ class LatentMoE(nn.Module):
             h = h.view(n_pairs, -1, 1) * weights.view(-1, 1, 1)                     # [P, m, 1]
             out = torch.bmm(self.w2.index_select(0, ids), h)                        # [P, l, 1]
             return out.view(n_tokens, k, l).sum(1)
+        counts = torch.bincount(ids, minlength=self.w1.shape[0])                     # [E]
+        order = torch.argsort(ids, stable=True)                                      # [P] pairs by expert
+        token = order // k if token is None else token[order]                       # [P] row of each sorted pair
+        most = int(counts.max())
+        if counts.numel() * most <= self.pad_max_ratio * n_pairs:
+            return self._mix_padded(z, ids[order], token, weights.index_select(0, order), counts, most)
         # Prefill: sort the pairs by expert and cut each expert's run into tiles of `cap` rows, cap = the mean
         # run of a used expert. Each tile is one batch entry of a bmm with its expert's weights. Tiles per
         # expert = ceil(count / cap) <= count / cap + 1, so there are at most twice as many tiles as used
         # experts and at most about twice as many rows as pairs, however skewed the routing.
-        counts = torch.bincount(ids, minlength=self.w1.shape[0])                     # [E]
         cap = -(-n_pairs // int((counts > 0).sum()))
         tiles = (counts + cap - 1) // cap                                            # [E]
-        order = torch.argsort(ids, stable=True)                                      # [P] pairs by expert
         sorted_ids = ids[order]
         rank = torch.arange(n_pairs, device=z.device) - (torch.cumsum(counts, 0) - counts)[sorted_ids]
         slot = ((torch.cumsum(tiles, 0) - tiles)[sorted_ids] + rank // cap) * cap + rank % cap  # row in buffer
         tile_expert = torch.repeat_interleave(torch.arange(len(counts), device=z.device), tiles)  # [n_tiles]
-        token = order // k if token is None else token[order]                       # [P] row of each sorted pair
         buf = z.new_zeros(len(tile_expert) * cap, l).index_copy(0, slot, z.index_select(0, token))
         buf = buf.view(len(tile_expert), cap, l)                                     # [n_tiles, cap, l]
         h = self._glu(buf @ self.w1.index_select(0, tile_expert).transpose(1, 2),
