@@ -51,7 +51,25 @@ class DepthAttention(nn.Module):
 
     def forward(self, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """sources: list of N tensors [B, T, D] -> (h [B, T, D], weights [B, T, N])."""
-        return depth_attention(torch.stack(sources), self.query, self.key_norm, self.eps)
+        stacked = torch.stack(sources)
+        if torch.is_grad_enabled() or stacked.dtype not in (torch.float32, torch.float64):
+            return depth_attention(stacked, self.query, self.key_norm, self.eps)
+        return _depth_read(stacked, self.query, self.key_norm, self.eps)
+
+
+def _depth_read(sources: torch.Tensor, query: torch.Tensor, norm_weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`depth_attention` for float32/64 sources [N, B, T, D] without autograd, in fewer ops (decode reads 17
+    times a token): RMSNorm(v_i) . w = rsqrt(mean(v_i^2) + eps) (v_i . (g * w)), so the keys are never formed."""
+    N, B, T, D = sources.shape
+    logits = (sources @ (query * norm_weight).to(sources.dtype)).mul_(
+        torch.rsqrt(sources.pow(2).mean(-1).add_(eps)))                      # [N, B, T]
+    weights = logits.softmax(dim=0)
+    if B * T == 1:
+        h = (weights.view(1, N) @ sources.view(N, D)).view(B, T, D)
+    else:
+        h = torch.einsum("nbt,nbtd->btd", weights, sources)
+    return h, weights.permute(1, 2, 0)
 
 
 class DepthStream:

@@ -401,7 +401,9 @@ class KDALayer(nn.Module):
         self.o_proj = nn.Linear(H * K, D, bias=False, **kw)
         self.reset_gate_parameters()
         # Inference caches (tiny_k3/fused.py): the projections of x as one matmul, the three conv weights as one.
-        self._in_proj = FusedLinears(self, ("q_proj", "k_proj", "v_proj"), ("f_a_proj",), ("b_proj",))
+        # (K3's full-rank output gate g_proj reads x too: it joins that matmul.)
+        self._in_proj = FusedLinears(self, ("q_proj", "k_proj", "v_proj"), ("f_a_proj",), ("b_proj",),
+                                     *([("g_proj",)] if self.g_proj is not None else []))
         self._conv_weight = CachedCat(self, ("q_conv", "k_conv", "v_conv"))
 
     @torch.no_grad()
@@ -458,13 +460,14 @@ class KDALayer(nn.Module):
             cache = hooks.reset_state(layer, cache, H, K)
         fp = _compute_dtype(x)  # q,k,v after the conv, gates, state, output norm: float32 (float64 for float64 x)
 
-        projected, gate_low_rank, beta_logit = self._in_proj(x)              # q|k|v, f_a x, b x: one matmul
+        projected, gate_low_rank, beta_logit, *out_gate = self._in_proj(x)   # q|k|v, f_a x, b x (, g x): one matmul
         mixed, conv_tail = self._short_conv(projected, cache)
-        q, k, v = F.silu(mixed).to(fp).split([H * K, H * K, H * V], -1)
-        # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in float32.
-        q, k = (t.reshape(B, T, H, K) for t in (q, k))
-        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
-        k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+        qk, v = F.silu(mixed).to(fp).split([2 * H * K, H * V], -1)
+        # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in float32: q and k
+        # side by side as 2H heads, one pass for both.
+        qk = qk.reshape(B, T, 2 * H, K)
+        qk = qk * torch.rsqrt(qk.pow(2).sum(-1, keepdim=True) + 1e-6)
+        q, k = qk[:, :, :H], qk[:, :, H:]
         v = v.reshape(B, T, H, V)
         g = kda_gate(self.f_b_proj(gate_low_rank).view(B, T, H, K), self.A_log, self.dt_bias, self.lower_bound)
         if hooks is not None:
@@ -475,13 +478,14 @@ class KDALayer(nn.Module):
         kda = kda_step if T == 1 else kda_chunked  # fla: fused_recurrent for decode, chunk for prefill
         extra = {} if T == 1 else {"chunk_size": self.chunk_size}
         o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
-        recorder.record("kda", layer, prev_state=None if prev is None else prev.detach(),
-                        state=state.detach(), g=g.detach(), beta=beta.detach(),
-                        q=q.detach(), k=k.detach(), v=v.detach())
+        if recorder is not NO_RECORDER:  # (the default ignores everything: skip even the detach views)
+            recorder.record("kda", layer, prev_state=None if prev is None else prev.detach(),
+                            state=state.detach(), g=g.detach(), beta=beta.detach(),
+                            q=q.detach(), k=k.detach(), v=v.detach())
 
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         o = o.to(fp)
-        gate = self.output_gate(x).view(B, T, H, V).to(fp)
+        gate = (out_gate[0] if out_gate else self.output_gate(x)).view(B, T, H, V).to(fp)
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm_weight.to(fp)
         o = o * torch.sigmoid(gate)
         y = self.o_proj(o.to(x.dtype).reshape(B, T, H * V))
