@@ -276,3 +276,9 @@ async def test_escape_cancels_a_what_if_in_flight():
         assert not isinstance(app.screen, WhatIfScreen) and app.driver.whatif_running is None
         assert all(a is b for a, b in zip(app.sim.frames, frames)) and len(app.sim.frames) == len(frames)
         assert app.step == 4 and app.driver.whatif is None and "what-if (" not in screen_text(app)
+
+
+def test_fmt_kl_keeps_real_moves_and_hides_float32_noise():
+    assert fmt_kl(0.0) == "0"
+    assert fmt_kl(1.5e-5) == "1.5e-05" and fmt_kl(2.2616) == "2.26"
+    assert fmt_kl(4.62e-10) == fmt_kl(4.61e-10) == "<1e-6"     # two machines' rounding read the same

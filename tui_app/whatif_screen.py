@@ -27,9 +27,13 @@ PANEL_CLASSES = {"routing": RoutingPanel, "state": StatePanel, "depth": DepthPan
 SAME = "none (identical)"   # first_divergence when no sublayer moved
 
 
+KL_FLOOR = 1e-6   # below this a KL is float32 rounding between two nearly equal softmaxes, not a change
+
+
 def fmt_kl(kl: float) -> str:
-    """KL in nats to 3 significant digits: a small move (1e-5) stays visible, identical shows 0."""
-    return f"{kl:.3g}"
+    """KL in nats to 3 significant digits: a small move (1e-5) stays visible, identical shows 0, and float32
+    noise (0 < KL < 1e-6, which moves with the summation order of the machine's kernels) shows as "<1e-6"."""
+    return "<1e-6" if 0 < kl < KL_FLOOR else f"{kl:.3g}"
 
 
 def continuation(frames) -> str:
