@@ -382,7 +382,7 @@ a2.barh(y + 0.2, inside_best, 0.4, color="crimson", label="inside the definition
 a2.barh(y - 0.2, outside_best, 0.4, color="tab:blue", label="anywhere else")
 a2.set_yticks(y, labels), a2.set_xlim(min(0.0, *inside_best, *outside_best) - 0.05, 1)
 a2.set_xlabel("best cos(r_query, u_d)")
-a2.set_title("every KDA head"), a2.legend(loc="lower left")
+a2.set_title("every KDA head"), a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
