@@ -359,9 +359,13 @@ else:
           f"it better (cosine {cosine[peak_at]:.2f}): this head's read is a blend, not a clean copy of one write")
 print(f"the answer's margin over the other digits, {moment.margin:+.2f}, splits into one share per sublayer; the "
       f"largest: " + ", ".join(f"{m.label} {m.margin:+.2f}" for m in top))
+own_attn = next(m for m in moment.moves if m.layer == best.layer and m.site == "attn")
 if top[0].layer == best.layer and top[0].site == "attn":
     print(f"  the sublayer that pushes the answer up most is layer {best.layer}'s KDA attention: the same layer "
           "whose head reads the definition back")
+elif top[0].layer == best.layer:
+    print(f"  the largest share comes from layer {best.layer}'s MLP, the sublayer right after the KDA attention whose "
+          f"head reads the definition back (that attention's own share: {own_attn.margin:+.2f})")
 else:
     print(f"  the head that matches the definition best (layer {best.layer}) is not the sublayer that pushes the "
           f"answer up most ({top[0].label}): matching a write and using it are two measurements")

@@ -455,6 +455,15 @@ if kda_kind == "falls" and twin_kind != "at chance" and gap is not None and gap 
     verdict = (f"the fixed state falls off as the pairs pile up while the growing cache holds more of them ({t:.0%} "
                f"against {k:.0%} at {PAIRS[-1]} pairs; the hybrid {h:.0%}, {where}): exact recall of many pairs is "
                "what the MLA layers buy with their bytes — the honest trade-off behind K3 keeping 24 MLA layers")
+elif gap is not None and gap <= -0.2:
+    h, t, k = recall["small"][-1], recall["small-twin"][-1], recall["small-kda"][-1]
+    where = "above both" if h > max(t, k) else "below both" if h < min(t, k) else "between the two"
+    verdict = (f"the opposite of the textbook story: the fixed state holds more pairs than the all-MLA twin's "
+               f"growing cache ({k:.0%} against {t:.0%} at {PAIRS[-1]} pairs; the hybrid {h:.0%}, {where}). The twin's "
+               "cache holds every token of the definitions, so what it lacks is not memory but a learned look-up: "
+               "at this size and training budget its attention learned to recall many pairs less well than the "
+               "KDA states learned to store them. The case for K3's 24 MLA layers, exact recall at scale and at "
+               "long distances, is not what these checkpoints measure")
 elif kda_kind == "falls" and twin_kind == "at chance":
     verdict = ("the fixed state saturates as the pairs pile up, which is the KDA half of the argument; the twin did "
                "not learn to recall in its training budget, so these checkpoints cannot show what a growing cache "

@@ -294,7 +294,9 @@ def test_lesson3_facts(executed):
     gap = recall["small-twin"][-1] - recall["small-kda"][-1] if {"small-twin", "small-kda"} <= set(recall) else 0.0
     textbook = story.get("small-kda") == "falls" and story.get("small-twin") != "at chance" and gap >= 0.2
     assert ("the honest trade-off behind K3 keeping 24 MLA layers" in f["verdict"]) == textbook, f["verdict"]
-    if not textbook and story.get("small-twin") == "at chance" and story.get("small-kda") == "falls":
+    if not textbook and {"small-twin", "small-kda"} <= set(recall) and gap <= -0.2:
+        assert f["verdict"].startswith("the opposite of the textbook story"), f["verdict"]
+    elif not textbook and story.get("small-twin") == "at chance" and story.get("small-kda") == "falls":
         assert "not measured here" in f["verdict"], f["verdict"]
 
 
