@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from rich.text import Text
 from textual import on, work
@@ -56,6 +57,27 @@ WORKER_THREAD = "tiny-k3-worker"    # name prefix of the worker threads (tui.mai
 class LoadProgress(Message):
     ticket: LoadTicket
     progress: Progress
+
+
+class JobOutcome(NamedTuple):
+    """How a driver job run in a worker thread ended: its value, or one sentence, or cancelled."""
+
+    value: object = None
+    error: str | None = None
+    cancelled: bool = False
+
+
+def run_job(job: Callable[[], object]) -> JobOutcome:
+    """Run job(); a ValueError keeps its own sentence, any other exception is named (shown in the status
+    line, never a crash of the interface), Cancelled is cancelled."""
+    try:
+        return JobOutcome(job())
+    except Cancelled:
+        return JobOutcome(cancelled=True)
+    except ValueError as exc:
+        return JobOutcome(error=str(exc))
+    except Exception as exc:  # noqa: BLE001
+        return JobOutcome(error=f"{type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -283,16 +305,8 @@ class TinyK3App(App):
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load_worker(self, ticket: LoadTicket) -> None:
-        try:
-            loaded = self.driver.run_load(ticket, lambda p: self.post_message(LoadProgress(ticket, p)))
-        except Cancelled:
-            self.post_message(LoadFinished(ticket, cancelled=True))
-        except ValueError as exc:
-            self.post_message(LoadFinished(ticket, error=str(exc)))
-        except Exception as exc:  # noqa: BLE001 - shown, never a crash of the interface
-            self.post_message(LoadFinished(ticket, error=f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(LoadFinished(ticket, loaded=loaded))
+        out = run_job(lambda: self.driver.run_load(ticket, lambda p: self.post_message(LoadProgress(ticket, p))))
+        self.post_message(LoadFinished(ticket, loaded=out.value, error=out.error, cancelled=out.cancelled))
 
     @on(LoadProgress)
     def _load_progress(self, msg: LoadProgress) -> None:
@@ -363,16 +377,9 @@ class TinyK3App(App):
 
     @work(thread=True, exclusive=True, group="step", exit_on_error=False)
     def _step_worker(self, sim, flag) -> None:
-        try:
-            self.driver.run_step(sim, flag)
-        except Cancelled:
-            return
-        except ValueError as exc:
-            self.post_message(StepFinished(sim, error=str(exc)))
-        except Exception as exc:  # noqa: BLE001
-            self.post_message(StepFinished(sim, error=f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(StepFinished(sim))
+        out = run_job(lambda: self.driver.run_step(sim, flag))
+        if not out.cancelled:
+            self.post_message(StepFinished(sim, error=out.error))
 
     @on(StepFinished)
     def _step_finished(self, msg: StepFinished) -> None:
@@ -443,16 +450,8 @@ class TinyK3App(App):
 
     @work(thread=True, exclusive=True, group="whatif", exit_on_error=False)
     def _what_if_worker(self, job: WhatIfJob) -> None:
-        try:
-            result = self.driver.run_what_if(job, lambda p: self.post_message(WhatIfProgress(job, p)))
-        except Cancelled:
-            self.post_message(WhatIfFinished(job, cancelled=True))
-        except ValueError as exc:
-            self.post_message(WhatIfFinished(job, error=str(exc)))
-        except Exception as exc:  # noqa: BLE001 - shown, never a crash of the interface
-            self.post_message(WhatIfFinished(job, error=f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(WhatIfFinished(job, result=result))
+        out = run_job(lambda: self.driver.run_what_if(job, lambda p: self.post_message(WhatIfProgress(job, p))))
+        self.post_message(WhatIfFinished(job, result=out.value, error=out.error, cancelled=out.cancelled))
 
     @on(WhatIfProgress)
     def _what_if_progress(self, msg: WhatIfProgress) -> None:

@@ -155,11 +155,14 @@ class Panel(ScrollView):
     def on_resize(self) -> None:
         self.show(*self._shown)
 
-    def key(self, view: View) -> tuple:  # pragma: no cover - overridden
-        raise NotImplementedError
+    # Each panel says what it shows (Routing-, State-, Memory-, DepthPanel): Panel itself is never mounted.
+    def key(self, view: View) -> tuple:  # pragma: no cover - every panel defines it
+        """What this panel's picture depends on: an equal key means nothing to redraw."""
+        raise NotImplementedError(f"{type(self).__name__} must define key(view)")
 
-    def draw(self, view: View):  # pragma: no cover - overridden
-        raise NotImplementedError
+    def draw(self, view: View):  # pragma: no cover - every panel defines it
+        """The Rich renderable for view."""
+        raise NotImplementedError(f"{type(self).__name__} must define draw(view)")
 
 
 class SideBySide:
@@ -450,7 +453,8 @@ def _per_layer_table(cfg: K3Config, frame: Frame) -> Group:
 @lru_cache(maxsize=16)
 def source_names(residual: str, block_size: int, reads: int) -> tuple[tuple[str, ...], ...]:
     """The names of the sources each of `reads` depth reads sees, in execution order (read j comes after
-    j sublayer outputs): DepthStream's own bookkeeping, replayed with placeholder numbers."""
+    j sublayer outputs): DepthStream's own bookkeeping, replayed with 0.0 standing in for every tensor
+    (only the names are kept)."""
     stream = DepthStream(0.0, residual, block_size)
     names = []
     for _ in range(reads):
