@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from tiny_k3.config import K3Config
-from tiny_k3.moe import GatedMLP, LatentMoE, Router, Routing, route, situ_glu
+from tiny_k3.moe import GatedMLP, LatentMoE, Router, Routing, _two_stage_plan, route, situ_glu, top_k_ids
 from tiny_k3.probe import TraceRecorder
 
 DECODE, PREFILL = 1 << 62, 0   # values of LatentMoE.gather_max_elements that force one code path
@@ -68,6 +68,40 @@ def test_route_rejects_bad_top_k_and_bias():
         route(scores, torch.zeros(3), 2)
     with pytest.raises(ValueError, match="top_k"):
         Router(8, 4, 5)
+
+
+@pytest.mark.parametrize("experts, k", [(896, 16), (112, 2), (448, 8), (60, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_k_ids_is_topk_exactly_ties_nan_and_blocked_rows_included(experts, k, dtype):
+    assert _two_stage_plan(experts, k) is not None                  # these shapes take the two-stage path
+    gen = torch.Generator().manual_seed(experts + k)
+    rows = 300
+    biased = torch.sigmoid(3 * torch.randn(rows, experts, generator=gen, dtype=dtype))
+    biased += 0.05 * torch.randn(experts, generator=gen, dtype=dtype)
+    biased[0] = torch.randint(0, 4, (experts,), generator=gen).to(dtype)        # ties everywhere
+    biased[1, :] = 1.0                                                            # a saturated row: all equal
+    biased[2, 5] = float("nan")                                                   # topk ranks NaN first
+    biased[3, torch.randperm(experts, generator=gen)[: experts - k // 2]] = float("-inf")   # most blocked
+    biased[4] = 0.0
+    biased[4, 1] = -0.0                                                           # -0 == +0: a tie
+    top = biased[5].topk(k + 1).indices
+    biased[5, top[k]] = biased[5, top[k - 1]]                                     # a tie at the boundary only
+    biased[6, top[:2]] = biased[6].max() + 1                                      # a tie inside the top k only
+    want = biased.topk(k, dim=-1, sorted=True).indices
+    got = top_k_ids(biased.view(3, rows // 3, experts), k)
+    assert got.shape == (3, rows // 3, k) and got.dtype == torch.long
+    assert torch.equal(got.reshape(rows, k), want)
+    few = biased[:5]                                                             # below TWO_STAGE_MIN_ROWS
+    assert torch.equal(top_k_ids(few, k), few.topk(k, dim=-1).indices)
+
+
+def test_two_stage_plan_splits_rows_into_groups_or_declines():
+    assert _two_stage_plan(896, 16) == (8, 112)                     # 112 maxima + 16 groups of 8 = 240 of 896
+    size, groups = _two_stage_plan(112, 2)
+    assert size * groups == 112 and groups >= 3
+    assert _two_stage_plan(56, 1) is None                           # top-1: topk is one max scan already
+    assert _two_stage_plan(32, 8) is None                           # saves too little
+    assert _two_stage_plan(97, 4) is None                           # a prime: no groups
 
 
 # ---------------------------------------------------------------------------------------------- SiTU-GLU
