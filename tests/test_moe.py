@@ -383,3 +383,63 @@ def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
         torch.testing.assert_close(forced, moe(x, layer=1, hooks=Hooks(forced_experts={1: (3, 5, 7)})), rtol=0, atol=1e-12)
     graded = moe(x)                                                    # autograd on: the general path
     assert graded.requires_grad and not moe._can_decode_token(x)
+
+
+# ---------------------------------------------------------------------------------------------- many-token fast path
+@pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])
+@pytest.mark.parametrize("pad_max_ratio", [4, 0])                  # the padded columns, or a skew: the tiles
+def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, act, pad_max_ratio):
+    moe = _moe(preset, mlp_act=act)
+    moe.pad_max_ratio = pad_max_ratio
+    x = torch.randn(2, 40, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        assert moe._can_fuse(x) and not moe._can_decode_token(x)
+        recorder = TraceRecorder()
+        fast = moe(x, recorder=recorder, layer=2)
+        fast_load = moe.last_load
+        moe.fuse_tokens = False                                      # the general path, the reference
+        reference_recorder = TraceRecorder()
+        reference = moe(x, recorder=reference_recorder, layer=2)
+    assert fast.abs().mean() > 0.1
+    torch.testing.assert_close(fast, reference, rtol=0, atol=1e-12)
+    torch.testing.assert_close(fast, moe.dense_reference(x).detach(), rtol=0, atol=1e-12)
+    (layer, got), = recorder.of("moe")
+    (_, want), = reference_recorder.of("moe")
+    assert layer == 2 and got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    assert torch.equal(fast_load, moe.last_load) and fast_load.sum() == 80 * moe.config.top_k
+
+
+def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32():
+    from tiny_k3.hooks import Hooks
+
+    moe = _moe("tiny")
+    x = torch.randn(1, 30, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        chosen = int(moe.router(x).expert_ids[0, 0, 0])
+        changes = {"blocked": Hooks(blocked_experts={1: (chosen,)}),
+                   "forced": Hooks(forced_experts={1: (3, 5, 7)}),           # another k than top_k
+                   "unbiased": Hooks(unbiased=frozenset({1}))}
+        fast = {name: (moe(x, layer=1, hooks=hooks), moe._last_ids.clone()) for name, hooks in changes.items()}
+        before = moe(x)
+        for p in (moe.router.weight, moe.down.weight, moe.shared.w1.weight, moe.up.weight, moe.latent_norm.weight):
+            p.mul_(1.5)                                               # every cached concatenation must follow
+        after = moe(x)
+        moe.fuse_tokens = False                                       # the general path from here on
+        torch.testing.assert_close(after, moe(x), rtol=0, atol=1e-12)
+        for p in (moe.router.weight, moe.down.weight, moe.shared.w1.weight, moe.up.weight, moe.latent_norm.weight):
+            p.div_(1.5)
+        for name, hooks in changes.items():
+            torch.testing.assert_close(fast[name][0], moe(x, layer=1, hooks=hooks), rtol=0, atol=1e-12, msg=name)
+            assert torch.equal(fast[name][1], moe._last_ids), name
+    assert (after - before).abs().max() > 1e-3
+    assert chosen not in fast["blocked"][1][0, 0].tolist() and fast["forced"][1].shape == (1, 30, 3)
+    single = LatentMoE(moe.config)                                   # float32, as the simulator runs it
+    x32 = torch.randn(1, 50, moe.config.hidden_size)
+    with torch.no_grad():
+        quick = single(x32)
+        single.fuse_tokens = False
+        torch.testing.assert_close(quick, single(x32), rtol=1e-5, atol=1e-6)
+    graded = moe(x)                                                   # autograd on: the general path
+    assert graded.requires_grad and not moe._can_fuse(x)

@@ -59,12 +59,18 @@ def route(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormali
         raise ValueError(f"bias must have shape [{num_experts}] (one value per expert), got {list(bias.shape)}.")
     biased = scores if bias is None else scores + bias
     expert_ids = top_k_ids(biased, top_k)
+    return Routing(expert_ids, _chosen_weights(scores, expert_ids, renormalize, scaling), scores)
+
+
+def _chosen_weights(scores: torch.Tensor, expert_ids: torch.Tensor, renormalize: bool, scaling: float) -> torch.Tensor:
+    """The chosen experts' unbiased scores [..., k], divided by their sum + 1e-20 and times `scaling`.
+    (The constants are tensors of the scores' dtype: the same numbers as Python floats, without a cast per op.)"""
     weights = scores.gather(-1, expert_ids)
     if renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        weights = weights / weights.sum(-1, keepdim=True).add_(_constant(1e-20, weights))
     if scaling != 1.0:
-        weights = weights * scaling
-    return Routing(expert_ids, weights, scores)
+        weights = weights * _constant(scaling, weights)
+    return weights
 
 
 # `top_k_ids` takes its two-stage path from this many rows on (below it one topk is cheaper than ten small ops).
@@ -126,16 +132,21 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta_gate: float = 4.0, beta_
     A soft-capped SwiGLU: beta*tanh(x/beta) ~ x for |x| << beta, so for small inputs h ~ silu(g) * u,
     while for large ones the gate stays below beta_gate and the up branch below beta_up in magnitude.
     """
-    g, u, scale = _constant(beta_gate), _constant(beta_up), _constant(beta_gate * beta_up)
+    g, u, scale = _constant(beta_gate, gate), _constant(beta_up, up), _constant(beta_gate * beta_up, gate)
     return torch.tanh(gate / g) * torch.sigmoid(gate) * torch.tanh(up / u) * scale
 
 
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-dim tensor of like's dtype and device: in an op with `like` the same number as the
+    Python float (torch casts a Python scalar to the tensor's dtype too), without the cast: a third of the
+    dispatch cost of a scalar op on CPU, which at decode is most of the op."""
+    return _constant_of(value, like.dtype, like.device)
+
+
 @lru_cache(maxsize=None)
-def _constant(value: float) -> torch.Tensor:
-    """A 0-dim float64 tensor for a Python float: same result as the float in any op (0-dim tensors take the
-    other operand's dtype and device, as a Python number does), but half the dispatch cost on CPU."""
+def _constant_of(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     with torch.inference_mode(False):  # an inference tensor could not take part in autograd later
-        return torch.tensor(value, dtype=torch.float64)
+        return torch.tensor(value, dtype=dtype, device=device)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -233,6 +244,9 @@ class LatentMoE(nn.Module):
     # Sorted path: pad every expert to the busiest one's count while that costs at most this many buffer rows
     # per pair (an even load, as in prefill with a balanced router); a more skewed load is cut into tiles.
     pad_max_ratio = 4
+    # Without autograd, more than one token: `_forward_tokens` (one product with x, one to the output). Tests set
+    # it False to run the general path (`route_tokens`, `mix_experts`, `combine`), the reference.
+    fuse_tokens = True
 
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()
@@ -267,8 +281,11 @@ class LatentMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0, hooks=None) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]. `hooks`: routing changes for a what-if (tiny_k3.hooks), None: none."""
-        if self._can_decode_token(x):
-            return self._decode_token(x, recorder, layer, hooks)
+        if self._can_fuse(x):
+            if x.shape[0] * x.shape[1] == 1 and self._gathers(1):
+                return self._decode_token(x, recorder, layer, hooks)
+            if self.fuse_tokens:
+                return self._forward_tokens(x, recorder, layer, hooks)
         routing = self.route_tokens(x, recorder, layer, hooks)
         z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
         y = self.mix_experts(z, routing.expert_ids.reshape(-1), routing.weights.reshape(-1).to(z.dtype))
@@ -291,13 +308,22 @@ class LatentMoE(nn.Module):
         return routing
 
     def _can_decode_token(self, x: torch.Tensor) -> bool:
-        """`_decode_token` applies: one token, no autograd, the plain modules of K3's layout, one float dtype."""
-        if x.dim() != 3 or x.shape[0] * x.shape[1] != 1 or (torch.is_grad_enabled() and self.w1.requires_grad):
+        """`_decode_token` applies: one token, `_can_fuse`, and its k experts' weights small enough to copy."""
+        return x.dim() == 3 and x.shape[0] * x.shape[1] == 1 and self._gathers(1) and self._can_fuse(x)
+
+    def _gathers(self, tokens: int) -> bool:
+        """Copying the chosen experts' weights for this many tokens stays under `gather_max_elements`."""
+        w1 = self._parameters["w1"]
+        return tokens * self.config.top_k * 3 * w1.shape[1] * w1.shape[2] <= self.gather_max_elements
+
+    def _can_fuse(self, x: torch.Tensor) -> bool:
+        """The fused inference paths apply: x [B, T, D], no autograd, the plain modules of K3's layout, one float
+        dtype (otherwise the general path runs: it is what they are tested against)."""
+        if x.dim() != 3 or (torch.is_grad_enabled() and self.w1.requires_grad):
             return False
         c, mods, w1 = self.config, self._modules, self._parameters["w1"]
         shared = mods["shared"]
         return (x.shape[-1] == c.hidden_size and c.mlp_act in ("situ", "swiglu")
-                and c.top_k * 3 * w1.shape[1] * w1.shape[2] <= self.gather_max_elements
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == w1.dtype == mods["router"].weight.dtype
                 and type(mods["down"]) is nn.Linear and type(mods["up"]) is nn.Linear
                 and type(mods["latent_norm"]) is RMSNorm and type(shared) is GatedMLP
@@ -317,28 +343,85 @@ class LatentMoE(nn.Module):
         c, mods, params = self.config, self._modules, self._parameters
         w1, w2, w3, router = params["w1"], params["w2"], params["w3"], mods["router"]
         E, m, l, hs = c.num_experts, w1.shape[1], w1.shape[2], mods["shared"]._modules["w1"].out_features
-        xs = F.linear(x, self._reads_x()).view(-1)                         # [E + l + 2 hs]
+        xs = torch.mv(self._reads_x(), x.view(-1))                         # [E + l + 2 hs]
         scores = torch.sigmoid(xs[:E].view(1, 1, E))
         if hooks is not None and hooks.changes_routing(layer):
             routing = hooks.route(layer, scores, router)
         else:  # `route` without its argument checks (the router's own settings are checked when it is built)
             ids = (scores + router._buffers["bias"]).topk(router.top_k, dim=-1, sorted=True).indices
-            weights = scores.gather(-1, ids)
-            if router.renormalize:
-                weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-            routing = Routing(ids, weights * router.scaling if router.scaling != 1.0 else weights, scores)
+            routing = Routing(ids, _chosen_weights(scores, ids, router.renormalize, router.scaling), scores)
         self._report(routing, recorder, layer)
         ids = routing.expert_ids.view(-1)                                  # [k] (a what-if may force another k)
         k = ids.numel()
         z = xs[E:E + l]                                                    # [l]
-        rows = torch.cat([w1.index_select(0, ids).view(k * m, l) @ z, xs[E + l:E + l + hs],
-                          w3.index_select(0, ids).view(k * m, l) @ z, xs[E + l + hs:]]).view(2, -1)
+        rows = torch.cat([torch.mv(w1.index_select(0, ids).view(k * m, l), z), xs[E + l:E + l + hs],
+                          torch.mv(w3.index_select(0, ids).view(k * m, l), z), xs[E + l + hs:]]).view(2, -1)
         h = self._glu_rows(rows)                                          # [k*m + hs]: routed experts, then shared
-        routed = h[:k * m].view(k, m, 1) * routing.weights.view(k, 1, 1)
-        y = torch.bmm(w2.index_select(0, ids), routed).sum(0).view(l)     # sum_j w_j W2_j h_j
+        every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j
+        y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j
         eps = mods["latent_norm"].eps
-        y = y * torch.rsqrt(torch.dot(y, y).div_(l).add_(eps))           # RMSNorm without its weight (folded)
-        return F.linear(torch.cat([y, h[k * m:]]), self._writes_out()).view_as(x)
+        y = y * torch.rsqrt(torch.dot(y, y).div_(_constant(l, y)).add_(_constant(eps, y)))  # RMSNorm, weight folded
+        return torch.mv(self._writes_out(), torch.cat([y, h[k * m:]])).view_as(x)
+
+    def _forward_tokens(self, x: torch.Tensor, recorder: Recorder, layer: int, hooks) -> torch.Tensor:
+        """`forward` for many tokens [B, T, D] without autograd: router, down projection and the shared
+        experts' gate and up are one product with x, W_up RMSNorm(y) + W2_shared h one product with
+        [y / rms(y) | h] (the norm's weight folded into W_up, as in `_decode_token`), and the experts run in
+        `_mix_token_major`. The same sums as the general path, grouped otherwise; tests compare the two."""
+        c, mods = self.config, self._modules
+        E, l, hs = c.num_experts, c.latent_dim, mods["shared"]._modules["w1"].out_features
+        n = x.shape[0] * x.shape[1]
+        xs = F.linear(x, self._reads_x())                                   # [B, T, E + l + 2 hs]
+        router, scores = mods["router"], torch.sigmoid(xs[..., :E])
+        if hooks is not None and hooks.changes_routing(layer):
+            routing = hooks.route(layer, scores, router)
+        else:  # `route` with s + b written over the logits (no longer needed): one [N, E] buffer fewer
+            ids = top_k_ids(torch.add(scores, router._buffers["bias"], out=xs[..., :E]), router.top_k)
+            routing = Routing(ids, _chosen_weights(scores, ids, router.renormalize, router.scaling), scores)
+        self._report(routing, recorder, layer)
+        k = routing.expert_ids.shape[-1]                                    # (a what-if may force another k)
+        z = xs[..., E:E + l].reshape(n, l)                                  # a view: rows of xs
+        y = self._mix_token_major(z, routing.expert_ids.reshape(n, k), routing.weights.reshape(n, k))
+        y = y * torch.rsqrt(y.square().mean(-1, keepdim=True).add_(_constant(mods["latent_norm"].eps, y)))
+        h = self._glu(xs[..., E + l:E + l + hs], xs[..., E + l + hs:]).reshape(n, hs)
+        return F.linear(torch.cat([y, h], -1), self._writes_out()).view_as(x)
+
+    def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """`mix_experts` for ids, weights [N, k] (row n's k pairs, distinct experts), without autograd.
+
+        As `_mix_padded`: every expert's pairs side by side, padded to the busiest expert's count, one bmm per
+        product with the weights as stored; but the pairs stay in token order (each knows its column, its
+        rank among the pairs of its expert), so no rows are sorted, the GLU works in place, and the k outputs
+        of a token are read back as [N, k, l] and summed with their weights, without an index_add.
+        A skewed load (E * busiest > pad_max_ratio * pairs) goes to `mix_experts`' tiles. z [N, l] -> [N, l].
+        """
+        n, k = ids.shape
+        E, m, l = self.w1.shape[0], self.w1.shape[1], z.shape[1]
+        flat = ids.reshape(-1)
+        counts = torch.bincount(flat, minlength=E)                                  # [E]
+        most = int(counts.max()) if n else 0
+        if not n or E * most > self.pad_max_ratio * flat.numel():
+            return self.mix_experts(z, flat, weights.reshape(-1).to(z.dtype))
+        order = torch.argsort(flat, stable=True)                                    # [P] pairs by expert
+        position = torch.empty_like(flat).index_copy_(0, order, torch.arange(flat.numel(), device=z.device))
+        rank = (position - (torch.cumsum(counts, 0) - counts)[flat]).view(n, k)    # [N, k] column of each pair
+        columns = z.new_zeros(E, l, most)                                            # Z^T per expert
+        columns.transpose(1, 2)[ids, rank] = z.unsqueeze(1)
+        # once read, columns hold the GLU's sigmoid, then W2's output: fewer fresh buffers, fewer page faults
+        h = self._glu_(torch.bmm(self.w1, columns), torch.bmm(self.w3, columns), columns if l >= m else None)
+        out = torch.bmm(self.w2, h, out=columns).transpose(1, 2)[ids, rank]         # [N, k, l]
+        return out.mul_(weights.to(z.dtype).unsqueeze(-1)).sum(1)
+
+    def _glu_(self, gate: torch.Tensor, up: torch.Tensor, spare: torch.Tensor | None = None) -> torch.Tensor:
+        """`_glu(gate, up)` computed in gate's and up's memory (tensors of no further use), with `spare` (at
+        least as many elements, free; None: a new buffer) for the sigmoid: the same products in the same order."""
+        c = self.config
+        if c.mlp_act == "swiglu":
+            return F.silu(gate, inplace=True).mul_(up)
+        gated = torch.sigmoid(gate, out=None if spare is None else spare.view(-1)[:gate.numel()].view(gate.shape))
+        gate.div_(_constant(c.situ_beta_gate, gate)).tanh_().mul_(gated)
+        up.div_(_constant(c.situ_beta_up, up)).tanh_()
+        return gate.mul_(up).mul_(_constant(c.situ_beta_gate * c.situ_beta_up, gate))
 
     def _mix_padded(self, z: torch.Tensor, sorted_ids: torch.Tensor, token: torch.Tensor, weights: torch.Tensor,
                     counts: torch.Tensor, most: int) -> torch.Tensor:
@@ -368,7 +451,7 @@ class LatentMoE(nn.Module):
                 caps = torch.tensor([[c.situ_beta_gate], [c.situ_beta_up]], dtype=rows.dtype, device=rows.device)
             self._situ_caps = caps
         capped = torch.tanh(rows / caps)                                   # [tanh(g/4); tanh(u/25)]
-        return capped[0] * torch.sigmoid(rows[0]) * capped[1] * _constant(c.situ_beta_gate * c.situ_beta_up)
+        return capped[0] * torch.sigmoid(rows[0]) * capped[1] * _constant(c.situ_beta_gate * c.situ_beta_up, rows)
 
     def combine(self, y_latent: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The tail after the expert sum: W_up RMSNorm(y) + Shared(x). y_latent [..., l], x [..., D] -> [..., D]."""
