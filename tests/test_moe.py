@@ -346,10 +346,20 @@ def test_one_token_fast_path_equals_the_general_path_and_all_experts(preset, act
         assert moe._can_decode_token(x)
         recorder = TraceRecorder()
         fast = moe(x, recorder=recorder, layer=2)
-        moe.gather_max_elements = 0                                  # not the fast path: the general (sorted) one
+        _use_general_path(moe)
         assert not moe._can_decode_token(x)
         reference_recorder = TraceRecorder()
         reference = moe(x, recorder=reference_recorder, layer=2)
+    _assert_same_as_reference(moe, x, fast, recorder, reference, reference_recorder)
+    assert moe.last_load.sum() == moe.config.top_k
+
+
+def _use_general_path(moe):
+    moe.gather_max_elements, moe.fuse_tokens = 0, False              # neither inference fast path
+
+
+def _assert_same_as_reference(moe, x, fast, recorder, reference, reference_recorder):
+    """The fast path's output equals the general path's and all experts'; both reported the same routing."""
     assert fast.abs().mean() > 0.1
     torch.testing.assert_close(fast, reference, rtol=0, atol=1e-12)
     torch.testing.assert_close(fast, moe.dense_reference(x).detach(), rtol=0, atol=1e-12)
@@ -358,7 +368,6 @@ def test_one_token_fast_path_equals_the_general_path_and_all_experts(preset, act
     assert layer == 2 and got.keys() == want.keys()
     for key in want:
         assert torch.equal(got[key], want[key]), key
-    assert moe.last_load.sum() == moe.config.top_k
 
 
 def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
@@ -377,7 +386,7 @@ def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
         forced = moe(x, layer=1, hooks=Hooks(forced_experts={1: (3, 5, 7)}))   # another k than top_k
     assert (after - before).abs().max() > 1e-3
     torch.testing.assert_close(after, moe.dense_reference(x).detach(), rtol=0, atol=1e-12)
-    moe.gather_max_elements = 0
+    _use_general_path(moe)
     with torch.no_grad():
         torch.testing.assert_close(blocked, moe(x, layer=1, hooks=hooks), rtol=0, atol=1e-12)
         torch.testing.assert_close(forced, moe(x, layer=1, hooks=Hooks(forced_experts={1: (3, 5, 7)})), rtol=0, atol=1e-12)
@@ -387,7 +396,7 @@ def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
 
 # ---------------------------------------------------------------------------------------------- many-token fast path
 @pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])
-@pytest.mark.parametrize("pad_max_ratio", [4, 0])                  # the padded columns, or a skew: the tiles
+@pytest.mark.parametrize("pad_max_ratio", [1 << 30, 4, 0])            # always padded, as chosen, the tiles
 def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, act, pad_max_ratio):
     moe = _moe(preset, mlp_act=act)
     moe.pad_max_ratio = pad_max_ratio
@@ -397,17 +406,10 @@ def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, ac
         recorder = TraceRecorder()
         fast = moe(x, recorder=recorder, layer=2)
         fast_load = moe.last_load
-        moe.fuse_tokens = False                                      # the general path, the reference
+        _use_general_path(moe)
         reference_recorder = TraceRecorder()
         reference = moe(x, recorder=reference_recorder, layer=2)
-    assert fast.abs().mean() > 0.1
-    torch.testing.assert_close(fast, reference, rtol=0, atol=1e-12)
-    torch.testing.assert_close(fast, moe.dense_reference(x).detach(), rtol=0, atol=1e-12)
-    (layer, got), = recorder.of("moe")
-    (_, want), = reference_recorder.of("moe")
-    assert layer == 2 and got.keys() == want.keys()
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    _assert_same_as_reference(moe, x, fast, recorder, reference, reference_recorder)
     assert torch.equal(fast_load, moe.last_load) and fast_load.sum() == 80 * moe.config.top_k
 
 
@@ -415,6 +417,7 @@ def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32()
     from tiny_k3.hooks import Hooks
 
     moe = _moe("tiny")
+    moe.pad_max_ratio = 1 << 30                                      # the padded columns in token order
     x = torch.randn(1, 30, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         chosen = int(moe.router(x).expert_ids[0, 0, 0])
@@ -426,7 +429,7 @@ def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32()
         for p in (moe.router.weight, moe.down.weight, moe.shared.w1.weight, moe.up.weight, moe.latent_norm.weight):
             p.mul_(1.5)                                               # every cached concatenation must follow
         after = moe(x)
-        moe.fuse_tokens = False                                       # the general path from here on
+        _use_general_path(moe)                                        # the general path from here on
         torch.testing.assert_close(after, moe(x), rtol=0, atol=1e-12)
         for p in (moe.router.weight, moe.down.weight, moe.shared.w1.weight, moe.up.weight, moe.latent_norm.weight):
             p.div_(1.5)
