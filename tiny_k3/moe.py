@@ -18,6 +18,8 @@ with no latent: z = x, E_j: D -> m -> D, out = y + Shared(x) (docs/lineage.md §
 from __future__ import annotations
 
 import dataclasses
+import math
+import threading
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -371,19 +373,21 @@ class LatentMoE(nn.Module):
         c, mods = self.config, self._modules
         E, l, hs = c.num_experts, c.latent_dim, mods["shared"]._modules["w1"].out_features
         n = x.shape[0] * x.shape[1]
-        xs = F.linear(x, self._reads_x())                                   # [B, T, E + l + 2 hs]
-        router, scores = mods["router"], torch.sigmoid(xs[..., :E])
+        weight = self._reads_x()
+        xs = torch.mm(x.reshape(n, -1), weight.t(), out=_scratch("xs", (n, weight.shape[0]), x))  # [N, E+l+2hs]
+        router, scores = mods["router"], torch.sigmoid(xs[:, :E]).view(*x.shape[:-1], E)
         if hooks is not None and hooks.changes_routing(layer):
             routing = hooks.route(layer, scores, router)
         else:  # `route` with s + b written over the logits (no longer needed): one [N, E] buffer fewer
-            ids = top_k_ids(torch.add(scores, router._buffers["bias"], out=xs[..., :E]), router.top_k)
+            biased = torch.add(scores, router._buffers["bias"], out=xs[:, :E].view(*x.shape[:-1], E))
+            ids = top_k_ids(biased, router.top_k)
             routing = Routing(ids, _chosen_weights(scores, ids, router.renormalize, router.scaling), scores)
         self._report(routing, recorder, layer)
         k = routing.expert_ids.shape[-1]                                    # (a what-if may force another k)
-        z = xs[..., E:E + l].reshape(n, l)                                  # a view: rows of xs
+        z = xs[:, E:E + l]                                                  # a view: rows of xs
         y = self._mix_token_major(z, routing.expert_ids.reshape(n, k), routing.weights.reshape(n, k))
         y = y * torch.rsqrt(y.square().mean(-1, keepdim=True).add_(_constant(mods["latent_norm"].eps, y)))
-        h = self._glu(xs[..., E + l:E + l + hs], xs[..., E + l + hs:]).reshape(n, hs)
+        h = self._glu(xs[:, E + l:E + l + hs], xs[:, E + l + hs:])
         return F.linear(torch.cat([y, h], -1), self._writes_out()).view_as(x)
 
     def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -405,10 +409,12 @@ class LatentMoE(nn.Module):
         order = torch.argsort(flat, stable=True)                                    # [P] pairs by expert
         position = torch.empty_like(flat).index_copy_(0, order, torch.arange(flat.numel(), device=z.device))
         rank = (position - (torch.cumsum(counts, 0) - counts)[flat]).view(n, k)    # [N, k] column of each pair
-        columns = z.new_zeros(E, l, most)                                            # Z^T per expert
+        columns = _scratch("columns", (E, l, most), z).zero_()                      # Z^T per expert
         columns.transpose(1, 2)[ids, rank] = z.unsqueeze(1)
-        # once read, columns hold the GLU's sigmoid, then W2's output: fewer fresh buffers, fewer page faults
-        h = self._glu_(torch.bmm(self.w1, columns), torch.bmm(self.w3, columns), columns if l >= m else None)
+        gate = torch.bmm(self.w1, columns, out=_scratch("gate", (E, m, most), z))
+        up = torch.bmm(self.w3, columns, out=_scratch("up", (E, m, most), z))
+        # once read, columns hold the GLU's sigmoid, then W2's output
+        h = self._glu_(gate, up, columns if l >= m else None)
         out = torch.bmm(self.w2, h, out=columns).transpose(1, 2)[ids, rank]         # [N, k, l]
         return out.mul_(weights.to(z.dtype).unsqueeze(-1)).sum(1)
 
@@ -517,6 +523,26 @@ class LatentMoE(nn.Module):
         mix = torch.zeros(routing.scores.shape, dtype=z.dtype, device=z.device)
         mix = mix.scatter(-1, routing.expert_ids, routing.weights.to(z.dtype))       # [B, T, E]
         return self.combine(torch.einsum("bte,btel->btl", mix, every), x)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(slot: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A buffer [shape] of like's dtype and device for a temporary that never leaves the call, kept between
+    calls (and layers: they run one after another) of this thread, grown when a call needs more.
+
+    Why: at prefill the fast path's temporaries are megabytes, which glibc's malloc serves from fresh pages
+    (mmap, or a heap it trimmed after the last call): a page fault per 4 KB, which cost more than the
+    arithmetic. Per thread, so two simulations in two threads never share one.
+    """
+    pool = _SCRATCH.__dict__.setdefault("pool", {})
+    key, numel = (slot, like.dtype, like.device), math.prod(shape)
+    buffer = pool.get(key)
+    if buffer is None or buffer.numel() < numel:
+        with torch.inference_mode(False):  # usable in place outside inference mode too (under no_grad)
+            buffer = pool[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buffer[:numel].view(shape)
 
 
 def _output_weight(up: torch.Tensor, norm: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
