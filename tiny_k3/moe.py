@@ -358,12 +358,16 @@ class LatentMoE(nn.Module):
         z = xs[E:E + l]                                                    # [l]
         rows = torch.cat([torch.mv(w1.index_select(0, ids).view(k * m, l), z), xs[E + l:E + l + hs],
                           torch.mv(w3.index_select(0, ids).view(k * m, l), z), xs[E + l + hs:]]).view(2, -1)
-        h = self._glu_rows(rows)                                          # [k*m + hs]: routed experts, then shared
-        every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j
-        y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j
-        eps = mods["latent_norm"].eps
-        y = y * torch.rsqrt(torch.dot(y, y).div_(_constant(l, y)).add_(_constant(eps, y)))  # RMSNorm, weight folded
-        return torch.mv(self._writes_out(), torch.cat([y, h[k * m:]])).view_as(x)
+        h = self._glu_rows(rows)                                    # [k*m + hs]: routed, then shared; h / cap
+        every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j / cap
+        y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j / cap
+        # RMSNorm(cap y) = cap y / sqrt(cap^2 mean(y^2) + eps): its scale, and the cap the GLU left out, are
+        # the two scalars of one addmv (beta for the shared experts' part), not five ops on vectors
+        cap, eps = self._glu_cap(), mods["latent_norm"].eps
+        scale = cap / math.sqrt(cap * cap * float(torch.dot(y, y)) / l + eps)
+        out_weight = self._writes_out()                                    # [W_up Diag(norm) | W2_shared]
+        shared_part = torch.mv(out_weight[:, l:], h[k * m:])
+        return torch.addmv(shared_part, out_weight[:, :l], y, beta=cap, alpha=scale).view_as(x)
 
     def _forward_tokens(self, x: torch.Tensor, recorder: Recorder, layer: int, hooks) -> torch.Tensor:
         """`forward` for many tokens [B, T, D] without autograd: router, down projection and the shared
@@ -446,8 +450,9 @@ class LatentMoE(nn.Module):
         return z.new_zeros(z.shape[0], l).index_add(0, token, out)
 
     def _glu_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """`glu(rows[0], rows[1])` for rows [2, n] (gate, up) in fewer ops: SiTU-GLU divides both rows by
-        their caps at once (the same quotients as one row at a time)."""
+        """`glu(rows[0], rows[1]) / _glu_cap()` for rows [2, n] (gate, up) in fewer ops: SiTU-GLU divides both
+        rows by their caps at once (the same quotients as one row at a time) and leaves out the product of the
+        caps (4 * 25), which `_decode_token` applies as a scalar of its last product."""
         c = self.config
         if c.mlp_act == "swiglu":
             return swiglu(rows[0], rows[1])
@@ -457,7 +462,12 @@ class LatentMoE(nn.Module):
                 caps = torch.tensor([[c.situ_beta_gate], [c.situ_beta_up]], dtype=rows.dtype, device=rows.device)
             self._situ_caps = caps
         capped = torch.tanh(rows / caps)                                   # [tanh(g/4); tanh(u/25)]
-        return capped[0] * torch.sigmoid(rows[0]) * capped[1] * _constant(c.situ_beta_gate * c.situ_beta_up, rows)
+        return capped[0] * torch.sigmoid(rows[0]) * capped[1]
+
+    def _glu_cap(self) -> float:
+        """The factor `_glu_rows` leaves out: beta_gate * beta_up for SiTU-GLU, 1 for SwiGLU."""
+        c = self.config
+        return 1.0 if c.mlp_act == "swiglu" else c.situ_beta_gate * c.situ_beta_up
 
     def combine(self, y_latent: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The tail after the expert sum: W_up RMSNorm(y) + Shared(x). y_latent [..., l], x [..., D] -> [..., D]."""
