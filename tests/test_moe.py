@@ -446,3 +446,18 @@ def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32()
         torch.testing.assert_close(quick, single(x32), rtol=1e-5, atol=1e-6)
     graded = moe(x)                                                   # autograd on: the general path
     assert graded.requires_grad and not moe._can_fuse(x)
+
+
+@pytest.mark.parametrize("act", ["situ", "swiglu"])
+def test_decode_output_reads_its_scale_on_the_host_or_keeps_it_a_tensor(act):
+    moe = _moe("small", mlp_act=act)
+    gen = torch.Generator().manual_seed(5)
+    l, hs = moe.config.latent_dim, moe.shared.w1.out_features
+    y, shared = torch.randn(l, generator=gen, dtype=torch.float64), torch.randn(hs, generator=gen, dtype=torch.float64)
+    cap = 100.0 if act == "situ" else 1.0
+    with torch.no_grad():
+        moe.latent_norm.weight.normal_(1.0, 0.3, generator=gen)                  # folded into W_up: not all ones
+        expected = moe.up(moe.latent_norm(cap * y)) + moe.shared.w2(cap * shared)       # what the step stands for
+        for on_host in (True, False):
+            torch.testing.assert_close(moe._decode_output(y, shared, on_host), expected, rtol=0, atol=1e-12)
+    assert expected.abs().mean() > 0.1

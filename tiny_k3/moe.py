@@ -361,13 +361,22 @@ class LatentMoE(nn.Module):
         h = self._glu_rows(rows)                                    # [k*m + hs]: routed, then shared; h / cap
         every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j / cap
         y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j / cap
-        # RMSNorm(cap y) = cap y / sqrt(cap^2 mean(y^2) + eps): its scale, and the cap the GLU left out, are
-        # the two scalars of one addmv (beta for the shared experts' part), not five ops on vectors
-        cap, eps = self._glu_cap(), mods["latent_norm"].eps
-        scale = cap / math.sqrt(cap * cap * float(torch.dot(y, y)) / l + eps)
+        return self._decode_output(y, h[k * m:], on_host=y.device.type == "cpu").view_as(x)
+
+    def _decode_output(self, y: torch.Tensor, shared: torch.Tensor, on_host: bool) -> torch.Tensor:
+        """W_up RMSNorm(cap y) + W2_shared (cap shared) for y [l], shared [hs] (the GLU outputs / cap) -> [D].
+
+        RMSNorm(cap y) = cap y / sqrt(cap^2 mean(y^2) + eps). On the CPU (`on_host`) its scale and the cap
+        are the two scalars of one addmv (beta for the shared experts' part), not five ops on vectors; on a
+        GPU reading the scale back would wait for the device, so there they stay tensors."""
+        cap, eps, l = self._glu_cap(), self._modules["latent_norm"].eps, y.numel()
         out_weight = self._writes_out()                                    # [W_up Diag(norm) | W2_shared]
-        shared_part = torch.mv(out_weight[:, l:], h[k * m:])
-        return torch.addmv(shared_part, out_weight[:, :l], y, beta=cap, alpha=scale).view_as(x)
+        shared_part = torch.mv(out_weight[:, l:], shared)
+        if on_host:
+            scale = cap / math.sqrt(cap * cap * float(torch.dot(y, y)) / l + eps)
+            return torch.addmv(shared_part, out_weight[:, :l], y, beta=cap, alpha=scale)
+        scale = torch.rsqrt(torch.dot(y, y) * (cap * cap / l) + eps) * cap
+        return torch.addmv(shared_part * cap, out_weight[:, :l], y * scale)
 
     def _forward_tokens(self, x: torch.Tensor, recorder: Recorder, layer: int, hooks) -> torch.Tensor:
         """`forward` for many tokens [B, T, D] without autograd: router, down projection and the shared
