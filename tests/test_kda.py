@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from tiny_k3 import K3Config
-from tiny_k3 import kda as kda_module
+from tiny_k3 import kda_chunk as chunk_module
 from tiny_k3.kda import KDALayer, kda_chunked, kda_gate, kda_recurrent
 from tiny_k3.probe import TraceRecorder
 
@@ -65,43 +65,67 @@ def test_factored_split_and_pair_by_pair_products_agree(monkeypatch, chunk_size)
     q, k, v, g, beta = _inputs(2, 150, 2, 6, 5)
     fast = kda_chunked(q, k, v, g, beta, chunk_size=chunk_size, output_final_state=True)
     # nothing may be factored: 64-chunks are split into sub-chunks, and those (and 16-chunks) go pair by pair
-    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: -1.0)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)
     slow = kda_chunked(q, k, v, g, beta, chunk_size=chunk_size, output_final_state=True)
     torch.testing.assert_close(fast, slow, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("chunk_size", [4, 16, 64])
-def test_factored_form_equals_the_general_form_and_the_recurrence(monkeypatch, chunk_size):
-    # mild decay (K3's bounded gate at init): every chunk factors around its end, so the fast form runs ...
-    q, k, v, g, beta = _inputs(2, 150, 2, 6, 5, lower_bound=-5.0)
+@pytest.mark.parametrize("autograd", [True, False])
+def test_factored_forms_equal_the_general_form_and_the_recurrence(monkeypatch, chunk_size, autograd):
+    # mild decay (K3's bounded gate at init): every chunk factors around its end, so a fast form runs —
+    # `_chunked_factored` when autograd is needed, `_chunked_cpu` when it is not ...
+    q, k, v, g, beta = (t.clone().requires_grad_(autograd) for t in _inputs(2, 150, 2, 6, 5, lower_bound=-5.0))
     h0 = _state(2, 2, 6, 5)
     calls = []
-    factored = kda_module._chunked_factored
-    monkeypatch.setattr(kda_module, "_chunked_factored", lambda *a: calls.append(1) or factored(*a))
+    for name in ("_chunked_factored", "_chunked_cpu"):
+        form = getattr(chunk_module, name)
+        monkeypatch.setattr(chunk_module, name, lambda *a, form=form, name=name: calls.append(name) or form(*a))
     fast = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
-    assert calls, "the factored form should have run for a mild decay"
+    assert calls == ["_chunked_factored" if autograd else "_chunked_cpu"], calls
     # ... and the general form (forced: no range counts as safe) and the definition agree with it
-    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: -1.0)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)
     general = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
-    assert len(calls) == 1
+    assert len(calls) == 1 or calls[1:] == ["_chunked_cpu"]   # the CPU form declines: it returns None
     reference = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     for a, b in [(fast, general), (fast, reference)]:
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+        torch.testing.assert_close(tuple(t.detach() for t in a), tuple(t.detach() for t in b), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("chunk_size", [16, 64])
 @pytest.mark.parametrize("general", [False, True])
-def test_buffered_state_loop_equals_the_autograd_loop(monkeypatch, chunk_size, general):
-    # without autograd the chunk loop writes into buffers (out=); with it, into lists: the same numbers
+def test_no_grad_forms_equal_the_autograd_forms(monkeypatch, chunk_size, general):
+    # without autograd the CPU form (or the general form's buffered loop) runs; with it, the autograd forms
     if general:
-        monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: -1.0)
+        monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)
     inputs = [t.clone().requires_grad_() for t in _inputs(2, 100, 2, 8, 8, lower_bound=-5.0)]
     h0 = _state(2, 2, 8, 8)
     with_grad = kda_chunked(*inputs, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
     with torch.no_grad():
-        buffered = kda_chunked(*inputs, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
-    assert with_grad[0].requires_grad and not buffered[0].requires_grad
-    torch.testing.assert_close(buffered, tuple(t.detach() for t in with_grad), atol=0, rtol=0)
+        no_grad = kda_chunked(*inputs, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
+    assert with_grad[0].requires_grad and not no_grad[0].requires_grad
+    torch.testing.assert_close(no_grad, tuple(t.detach() for t in with_grad), atol=1e-12, rtol=0)
+    assert with_grad[0].abs().max() > 0.01
+
+
+@pytest.mark.parametrize("keep_decayed", [True, False])
+def test_carry_state_buffers_equal_the_autograd_lists(keep_decayed):
+    # `_carry_state` writes into buffers without autograd and appends to lists with it: the same numbers
+    N, BH, C, K, V = 5, 3, 4, 6, 7
+    gen = torch.Generator().manual_seed(1)
+    W, U0 = torch.randn(N * BH, C, K, generator=gen, dtype=F64), torch.randn(N * BH, C, V, generator=gen, dtype=F64)
+    k_out_t = torch.randn(N * BH, K, C, generator=gen, dtype=F64)
+    decay, S = torch.rand(N * BH, K, 1, generator=gen, dtype=F64), torch.randn(BH, K, V, generator=gen, dtype=F64)
+    lists = chunk_module._carry_state(N, W.requires_grad_(), U0, k_out_t, decay, S, keep_decayed)
+    with torch.no_grad():
+        buffers = (torch.empty(N, BH, K, V, dtype=F64), torch.empty(N, BH, C, V, dtype=F64))
+        buffered = chunk_module._carry_state(N, W, U0, k_out_t, decay, S, keep_decayed, buffers=buffers)
+    assert lists[0].requires_grad and buffered[0].data_ptr() == buffers[0].data_ptr()
+    torch.testing.assert_close(buffered, tuple(t.detach() for t in lists), atol=0, rtol=0)
+    # the definition of one step: U = U0 - W Y, S' = decay S + k_out_t U  (Y = decay S or S)
+    Y = decay[:BH] * S if keep_decayed else S
+    U_first = U0[:BH] - W[:BH].detach() @ Y
+    torch.testing.assert_close(buffered[1][:BH], U_first, atol=1e-12, rtol=0)
 
 
 def test_non_contiguous_inputs():
@@ -219,19 +243,19 @@ def test_gradcheck_through_chunked(monkeypatch):
 
     assert torch.autograd.gradcheck(fn, inputs)
     # the other product paths, at a tiny scale: 2-token sub-chunks of the 4-token chunks ...
-    monkeypatch.setattr(kda_module, "_SUB_CHUNK", 2)
+    monkeypatch.setattr(chunk_module, "_SUB_CHUNK", 2)
     inputs[3] = (-0.5 - 0.4 * torch.rand_like(g)).requires_grad_()  # chunk span > 1, sub-chunk span < 1
-    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: 1.0)  # split, sub-chunks factored
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 1.0)  # split, sub-chunks factored
     assert torch.autograd.gradcheck(fn, inputs)
-    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: -1.0)  # split, sub-chunks pair by pair
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)  # split, sub-chunks pair by pair
     assert torch.autograd.gradcheck(fn, inputs)
 
 
 def test_unit_lower_inverse_and_its_gradient():
     A = 0.3 * torch.randn(3, 64, 64, dtype=F64).tril(-1)
-    torch.testing.assert_close(kda_module._unit_lower_inverse(A), torch.linalg.inv(torch.eye(64, dtype=F64) + A))
+    torch.testing.assert_close(chunk_module._unit_lower_inverse(A), torch.linalg.inv(torch.eye(64, dtype=F64) + A))
     small = torch.randn(2, 6, 6, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a: kda_module._unit_lower_inverse(a.tril(-1)), small)
+    assert torch.autograd.gradcheck(lambda a: chunk_module._unit_lower_inverse(a.tril(-1)), small)
 
 
 def test_bad_shapes_name_the_tensor_and_the_expected_shape():
@@ -363,21 +387,43 @@ def test_k3_layer_parameter_count():
     assert sum(p.numel() for p in meta.parameters()) == 443_740_384  # 443.7M per KDA layer
 
 
-def test_too_strong_decay_halves_the_chunk_before_the_general_form(monkeypatch):
-    # a decay that cannot be factored over 64 tokens but can over 16: the factored form runs at 16, exact
-    q, k, v, _, beta = _inputs(1, 100, 2, 8, 8)
+@pytest.mark.parametrize("autograd", [True, False])
+def test_too_strong_decay_halves_the_chunk_before_the_general_form(monkeypatch, autograd):
+    # a decay that cannot be factored over 64 (or 32) tokens but can over 16: a factored form runs at 16, exact
+    q, k, v, _, beta = (t.clone().requires_grad_(autograd) for t in _inputs(1, 100, 2, 8, 8))
     g = -0.9 - 0.2 * torch.rand(1, 100, 2, 8, dtype=F64)          # spread over 64 tokens ~ 60, over 16 ~ 15
-    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: 20.0)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 20.0)
     sizes, general = [], []
-    factored, slow = kda_module._chunked_factored, kda_module._chunked_general
-    monkeypatch.setattr(kda_module, "_chunked_factored", lambda chunks, *a: sizes.append(chunks.C) or factored(chunks, *a))
-    monkeypatch.setattr(kda_module, "_chunked_general", lambda chunks, *a: general.append(chunks.C) or slow(chunks, *a))
+    carry, slow = chunk_module._carry_state, chunk_module._chunked_general
+    # every factored chunk passes through the state carry, whose W is [M, C, K]: it tells the chunk length
+    monkeypatch.setattr(chunk_module, "_carry_state", lambda N, W, *a, **kw: sizes.append(W.shape[1]) or carry(N, W, *a, **kw))
+    monkeypatch.setattr(chunk_module, "_chunked_general", lambda chunks, *a: general.append(chunks.C) or slow(chunks, *a))
     o, s = kda_chunked(q, k, v, g, beta, output_final_state=True, chunk_size=64)
-    assert sizes == [16] and general == []
+    assert set(sizes) == {16} and general == []
     o_ref, s_ref = kda_recurrent(q, k, v, g, beta, output_final_state=True)
+    torch.testing.assert_close(o.detach(), o_ref.detach(), atol=1e-10, rtol=0)
+    torch.testing.assert_close(s.detach(), s_ref.detach(), atol=1e-10, rtol=0)
+    sizes.clear()
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 5.0)   # not even 16 tokens: general at 64
+    o2 = kda_chunked(q, k, v, g, beta, chunk_size=64)[0]
+    assert general == [64]
+    torch.testing.assert_close(o2.detach(), o_ref.detach(), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("chunks_per_segment", [1, 3, 1000])
+def test_cpu_form_segments_carry_the_state_exactly(monkeypatch, chunks_per_segment):
+    # `_chunked_cpu` cuts the sequence into L2-sized segments; any cut (one chunk each, 3 with a short
+    # tail, all in one) gives the recurrence's outputs and final state
+    B, T, H, K, V, C = 2, 150, 2, 6, 5, 16
+    q, k, v, g, beta = _inputs(B, T, H, K, V, lower_bound=-5.0)
+    h0 = _state(B, H, K, V)
+    monkeypatch.setattr(chunk_module, "_SEGMENT_BYTES", chunks_per_segment * B * H * max(K, V) * C * 8)
+    segments = []
+    carry = chunk_module._carry_state
+    monkeypatch.setattr(chunk_module, "_carry_state", lambda N, *a, **kw: segments.append(N) or carry(N, *a, **kw))
+    o, s = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=C, output_final_state=True)
+    n_chunks = -(-T // C)
+    assert sum(segments) == n_chunks and max(segments) == min(chunks_per_segment, n_chunks)
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     torch.testing.assert_close(o, o_ref, atol=1e-10, rtol=0)
     torch.testing.assert_close(s, s_ref, atol=1e-10, rtol=0)
-    monkeypatch.setattr(kda_module, "_max_safe_spread", lambda dtype: 5.0)   # not even 16 tokens: general at 64
-    o2 = kda_chunked(q, k, v, g, beta, chunk_size=64)[0]
-    assert sizes == [16] and general == [64]
-    torch.testing.assert_close(o2, o_ref, atol=1e-10, rtol=0)
