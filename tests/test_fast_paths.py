@@ -14,7 +14,7 @@ def test_depth_read_equals_depth_attention(shape):
     sources = torch.randn(*shape, generator=gen, dtype=F64) * torch.rand(shape[0], 1, 1, 1, generator=gen, dtype=F64)
     query = torch.randn(shape[-1], generator=gen, dtype=F64)
     gain = 1 + 0.3 * torch.randn(shape[-1], generator=gen, dtype=F64)
-    h, w = _depth_read(sources, query, gain, 1e-6)
+    h, w = _depth_read(sources, query * gain, 1e-6)
     h_ref, w_ref = depth_attention(sources, query, gain, 1e-6)
     assert w_ref.std() > 0.05                                         # weights far from uniform: a real test
     torch.testing.assert_close(h, h_ref, atol=1e-12, rtol=0)

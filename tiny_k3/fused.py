@@ -23,12 +23,12 @@ def autograd_needed(tensors) -> bool:
 
 class CachedWeights:
     """build(*[owner.<name>.<attr> for name in names]), kept between calls. A name may be a dotted path
-    ("shared.w1"). Everything is looked up on the owner at every call (a submodule may be swapped, `.to()`
+    ("shared.w1"); with attr None it names the tensor itself (owner.<name>). Everything is looked up on the owner at every call (a submodule may be swapped, `.to()`
     replaces the tensors), and a deep copy of the owner follows the copy. Parts that are inference tensors
     (made under torch.inference_mode) have no version counter, so for them nothing is kept: built every call.
     """
 
-    def __init__(self, owner: nn.Module, names: tuple[str, ...], build, attr: str = "weight"):
+    def __init__(self, owner: nn.Module, names: tuple[str, ...], build, attr: str | None = "weight"):
         self.owner, self.names, self.build, self.attr = owner, names, build, attr
         self._paths = tuple(tuple(name.split(".")) for name in names)
         self._key: tuple | None = None
@@ -36,14 +36,17 @@ class CachedWeights:
 
     def parts(self) -> list[torch.Tensor]:
         # The modules' own dicts first (nn.Module.__getattr__ is the slow way to the same objects at decode).
+        # attr None: each name ends in the tensor's own name ("query": the owner's parameter `query`).
         found = []
         for path in self._paths:
-            module = self.owner
+            module, attr = self.owner, self.attr
+            if attr is None:
+                path, attr = path[:-1], path[-1]
             for name in path:
                 child = module._modules.get(name)
                 module = getattr(module, name) if child is None else child
-            tensor = module._parameters.get(self.attr)
-            found.append(getattr(module, self.attr) if tensor is None else tensor)
+            tensor = module._parameters.get(attr)
+            found.append(getattr(module, attr) if tensor is None else tensor)
         return found
 
     def __call__(self) -> torch.Tensor:

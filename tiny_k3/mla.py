@@ -16,6 +16,8 @@ by position (`mla_rope`, RoPE on channel pairs, k_r cached already rotated) and 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -38,6 +40,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     `inference/model.py` treats each pair as one complex number). x [..., dim]; cos, sin broadcast to [..., dim/2]."""
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def rope_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [..., dim/2] -> (C, S) [..., dim] for `rotate_pairs`: C = (cos, cos) per pair, S = (-sin, sin)."""
+    return cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+
+
+def rotate_pairs(x: torch.Tensor, C: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """`apply_rope` in fewer ops, the same bits: x ⊙ C + swap(x) ⊙ S, with swap exchanging each pair's
+    members, is (x_e cos - x_o sin, x_o cos + x_e sin) pair by pair (a + (-b) == a - b exactly)."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * C + swapped * S         # (not addcmul: its fused multiply-add rounds differently)
+
+
+@functools.lru_cache(maxsize=32)
+def _rope_table(past: int, T: int, dim: int, theta: float, dtype: torch.dtype, device: torch.device,
+                inference: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C, S) [T, dim] for positions past .. past+T-1: one per decode step, shared by every rope layer.
+    (`inference` keys tensors made under inference_mode apart: autograd cannot save those.)"""
+    return rope_factors(*rope_angles(past + torch.arange(T, device=device), dim, theta, dtype))
 
 
 class GatedMLA(nn.Module):
@@ -90,12 +112,14 @@ class GatedMLA(nn.Module):
         past = 0 if cache is None else cache.length
         q = self.project_q(x, q_first)
         if self.use_rope:  # rotate the new tokens' shared key before it is cached, and q's rope part
-            if positions is None:
-                positions = (past + torch.arange(T, device=x.device)).expand(B, T)
-            cos, sin = rope_angles(positions, self.rope, self.rope_theta, torch.promote_types(x.dtype, torch.float32))
-            k_rope = apply_rope(k_rope, cos, sin).to(x.dtype)
+            fp = torch.promote_types(x.dtype, torch.float32)
+            if positions is None:   # the usual case: positions past .. past+T-1, the same table for all layers
+                C, S = _rope_table(past, T, self.rope, self.rope_theta, fp, x.device, torch.is_inference_mode_enabled())
+            else:
+                C, S = rope_factors(*rope_angles(positions, self.rope, self.rope_theta, fp))   # [B, T, rope]
+            k_rope = rotate_pairs(k_rope, C, S).to(x.dtype)
             q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-            q = torch.cat([q_nope, apply_rope(q_rope, cos[:, :, None], sin[:, :, None]).to(q.dtype)], dim=-1)
+            q = torch.cat([q_nope, rotate_pairs(q_rope, C.unsqueeze(-2), S.unsqueeze(-2)).to(q.dtype)], dim=-1)
         if cache is not None:
             latent = torch.cat([cache.latent, latent], dim=1)
             k_rope = torch.cat([cache.k_rope, k_rope], dim=1)
@@ -106,7 +130,9 @@ class GatedMLA(nn.Module):
             [self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, self.heads, self.rope)], dim=-1)
 
-        scores = torch.einsum("bthd,bshd->bhts", q, k) * self.scale
+        # scores [B, H, T, S] = q k^T / sqrt(d) per head, as batched matmuls over (B, H): at decode an einsum
+        # costs twice the ops (its permutes and reshapes are separate dispatches)
+        scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).mul_(self.scale)
         window = None if hooks is None else hooks.attention_window
         if T > 1 or key_mask is not None or window is not None:  # query t sits at position past + t
             query_pos = (past + torch.arange(T, device=x.device))[:, None]
@@ -118,7 +144,7 @@ class GatedMLA(nn.Module):
                 causal = (causal & (key_mask[:, None, :].bool() | (keys == query_pos)))[:, None]   # [B, 1, T, S]
             scores = scores.masked_fill(~causal, float("-inf"))
         probs = scores.softmax(dim=-1)
-        attn = torch.einsum("bhts,bshd->bthd", probs, v)
+        attn = torch.matmul(probs, v.transpose(1, 2)).transpose(1, 2)          # [B, T, H, v_dim]
         if gate:  # K3's output gate
             attn = attn * torch.sigmoid(gate[0]).view(B, T, self.heads, self.v_dim)
         y = self.o_proj(attn.reshape(B, T, self.heads * self.v_dim))
