@@ -42,3 +42,24 @@ def test_rotate_pairs_is_apply_rope_bit_for_bit(dtype):
     C_tab, S_tab = _rope_table(300, 5, 8, 10000.0, dtype, x.device, False)
     C_ref, S_ref = rope_factors(*rope_angles(torch.arange(300, 305), 8, 10000.0, dtype))
     assert torch.equal(C_tab, C_ref) and torch.equal(S_tab, S_ref)
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-6), (F64, 1e-13)])
+def test_kda_folded_decay_gate_equals_kda_gate(dtype, atol):
+    from tiny_k3 import K3Config
+    from tiny_k3.kda import KDALayer, kda_gate
+    torch.manual_seed(0)
+    layer = KDALayer(K3Config.preset("tiny"), dtype=dtype)
+    H, K = layer.num_heads, layer.head_k_dim
+    with torch.no_grad():
+        layer.A_log.uniform_(-1, 2)                            # a = exp(A_log) far from 1: the fold matters
+    z = torch.randn(3, 1, layer.config.kda_gate_rank, dtype=dtype)
+    reference = kda_gate(layer.f_b_proj(z).view(3, 1, H, K), layer.A_log, layer.dt_bias, layer.lower_bound)
+    with torch.no_grad():
+        folded = layer.decay_gate(z).view(3, 1, H, K)
+        torch.testing.assert_close(folded, reference.detach(), atol=atol, rtol=0)
+        assert (folded < 0).all() and (folded > layer.lower_bound).all()
+        layer.A_log.add_(0.5)                                  # an optimiser step: the cached fold must follow
+        moved = kda_gate(layer.f_b_proj(z).view(3, 1, H, K), layer.A_log, layer.dt_bias, layer.lower_bound)
+        torch.testing.assert_close(layer.decay_gate(z).view(3, 1, H, K), moved, atol=atol, rtol=0)
+        assert not torch.allclose(moved, reference)

@@ -25,8 +25,9 @@ from torch import nn
 
 from .cache import KDAState
 from .config import K3Config
-from .fused import CachedCat, FusedLinears, autograd_needed
+from .fused import CachedCat, CachedWeights, FusedLinears, autograd_needed
 from .kda_chunk import check_inputs, compute_dtype, kda_chunked
+from .norm import rms_norm
 from .probe import NO_RECORDER, Recorder
 
 __all__ = ["KDALayer", "kda_chunked", "kda_gate", "kda_recurrent", "kda_step"]
@@ -95,12 +96,13 @@ def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
         raise ValueError(f"kda_step: takes exactly one token (T = 1), got T = {T}; use kda_chunked for more.")
     scale = K ** -0.5 if scale is None else scale
     out_dtype, dtype = q.dtype, compute_dtype(q, k, v, g, beta, initial_state)
-    q, k, v, g = (t.to(dtype).reshape(B * H, 1, -1) for t in (q, k, v, g))   # [BH, 1, K or V]
+    q, k, v, beta = (t if t.dtype == dtype else t.to(dtype) for t in (q, k, v, beta))
+    k = k.reshape(B * H, 1, K)                                 # [BH, 1, K]
     S = (q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V))
-    S = S * g.mT.exp()                                         # S' = Diag(alpha) S
-    delta = (v - k @ S) * beta.to(dtype).reshape(B * H, 1, 1)   # beta (v - S'^T k)   [BH, 1, V]
+    S = S * g.to(dtype).reshape(B * H, K, 1).exp()              # S' = Diag(alpha) S
+    delta = torch.baddbmm(v.reshape(B * H, 1, V), k, S, alpha=-1).mul_(beta.reshape(B * H, 1, 1))  # beta (v - S'^T k)
     S = torch.baddbmm(S, k.mT, delta)                          # S' + k delta^T
-    o = (q @ S) * scale                                        # S^T (scale q)        [BH, 1, V]
+    o = torch.bmm(q.reshape(B * H, 1, K), S).mul_(scale)        # S^T (scale q)        [BH, 1, V]
     return o.view(B, 1, H, V).to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
 
 
@@ -150,6 +152,7 @@ class KDALayer(nn.Module):
         self._in_proj = FusedLinears(self, ("q_proj", "k_proj", "v_proj"), ("f_a_proj",), ("b_proj",),
                                      *([("g_proj",)] if self.g_proj is not None else []))
         self._conv_weight = CachedCat(self, ("q_conv", "k_conv", "v_conv"))
+        self._gate_weights = CachedWeights(self, ("f_b_proj.weight", "A_log", "dt_bias"), self._fold_gate, attr=None)
 
     @torch.no_grad()
     def reset_gate_parameters(self) -> None:
@@ -163,6 +166,27 @@ class KDALayer(nn.Module):
         lo, hi = math.log(1e-3), math.log(1e-1)
         dt = (torch.rand_like(self.dt_bias, dtype=torch.float32) * (hi - lo) + lo).exp().clamp_min(1e-4)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def decay_gate(self, gate_low_rank: torch.Tensor) -> torch.Tensor:
+        """Log decay g [..., H*K] from f_a x [..., rank]: kda_gate(f_b(f_a x)) (kda.md §3).
+
+        Without autograd, K3's bounded gate lb * sigmoid(a (f_b z + dt_bias)), a = exp(A_log) per head, is one
+        product with a bias: the weights a ⊙ W_b and a ⊙ dt_bias are cached (`_gate_weights`); the same value
+        to float rounding (tests/test_decode_paths.py)."""
+        if self.lower_bound is None or autograd_needed((gate_low_rank, *self._gate_weights.parts())):
+            H, K = self.num_heads, self.head_k_dim
+            raw = self.f_b_proj(gate_low_rank)
+            return kda_gate(raw.view(-1, 1, H, K), self.A_log, self.dt_bias, self.lower_bound).view(raw.shape)
+        weight, bias = self._gate_weights()
+        if gate_low_rank.dtype != weight.dtype:   # (float32, or float64 with float64 inputs: as kda_gate)
+            dtype = compute_dtype(gate_low_rank, weight)
+            gate_low_rank, weight, bias = gate_low_rank.to(dtype), weight.to(dtype), bias.to(dtype)
+        return torch.sigmoid(F.linear(gate_low_rank, weight, bias)).mul_(self.lower_bound)
+
+    def _fold_gate(self, f_b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = compute_dtype(f_b, A_log, dt_bias)                                 # float32, or float64
+        a = A_log.to(dtype).exp().repeat_interleave(self.head_k_dim)               # [H*K]: each head's a, per channel
+        return f_b.to(dtype) * a[:, None], dt_bias.to(dtype) * a
 
     def output_gate(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-sigmoid output gate [B, T, H*V]: g_proj x (K3, full rank) or g_b_proj(g_a_proj x) (Kimi Linear)."""
@@ -214,7 +238,7 @@ class KDALayer(nn.Module):
         qk = qk * torch.rsqrt(qk.pow(2).sum(-1, keepdim=True) + 1e-6)
         q, k = qk[:, :, :H], qk[:, :, H:]
         v = v.reshape(B, T, H, V)
-        g = kda_gate(self.f_b_proj(gate_low_rank).view(B, T, H, K), self.A_log, self.dt_bias, self.lower_bound)
+        g = self.decay_gate(gate_low_rank).view(B, T, H, K)
         if hooks is not None:
             g = hooks.scale_decay(layer, g)
         beta = torch.sigmoid(beta_logit.to(fp))
@@ -231,7 +255,6 @@ class KDALayer(nn.Module):
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         o = o.to(fp)
         gate = (out_gate[0] if out_gate else self.output_gate(x)).view(B, T, H, V).to(fp)
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm_weight.to(fp)
-        o = o * torch.sigmoid(gate)
+        o = rms_norm(o, self.o_norm_weight.to(fp), self.eps) * torch.sigmoid(gate)
         y = self.o_proj(o.to(x.dtype).reshape(B, T, H * V))
         return y, KDAState(state=state.to(fp), conv=conv_tail)
