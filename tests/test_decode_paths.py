@@ -63,3 +63,48 @@ def test_kda_folded_decay_gate_equals_kda_gate(dtype, atol):
         moved = kda_gate(layer.f_b_proj(z).view(3, 1, H, K), layer.A_log, layer.dt_bias, layer.lower_bound)
         torch.testing.assert_close(layer.decay_gate(z).view(3, 1, H, K), moved, atol=atol, rtol=0)
         assert not torch.allclose(moved, reference)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "k2-tiny"])    # NoPE with K3's gate; K2's RoPE, no gate
+def test_mla_absorbed_decode_equals_the_expanded_form(preset):
+    from tiny_k3 import K3Config
+    from tiny_k3.mla import GatedMLA
+    torch.manual_seed(0)
+    cfg = K3Config.preset(preset)
+    mla = GatedMLA(cfg, dtype=F64)
+    B, S, H = 2, 9, cfg.mla_heads
+    gen = torch.Generator().manual_seed(1)
+    q_nope = torch.randn(B, 1, H, cfg.qk_nope_dim, generator=gen, dtype=F64) * 3
+    q_rope = torch.randn(B, 1, H, cfg.qk_rope_dim, generator=gen, dtype=F64) * 3
+    latent = torch.randn(B, S, cfg.kv_lora_rank, generator=gen, dtype=F64)
+    k_rope = torch.randn(B, S, cfg.qk_rope_dim, generator=gen, dtype=F64)
+    probs, attn = mla.attend_absorbed(q_nope, q_rope, latent, k_rope)
+    probs_ref, attn_ref = mla.attend_expanded(q_nope, q_rope, latent, k_rope, past=S - 1)
+    assert probs.shape == probs_ref.shape == (B, H, 1, S) and attn.shape == attn_ref.shape
+    torch.testing.assert_close(probs, probs_ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(attn, attn_ref, atol=1e-12, rtol=0)
+    assert probs.max() > 2 / S                                     # not uniform: the scores matter
+
+
+@pytest.mark.parametrize("preset", ["tiny", "k2-tiny"])
+def test_mla_layer_decode_without_autograd_equals_with_it(preset):
+    # under no_grad one-token steps take `attend_absorbed`; with autograd, `attend_expanded`: token by token equal
+    from tiny_k3 import K3Config
+    from tiny_k3.mla import GatedMLA
+    torch.manual_seed(0)
+    cfg = K3Config.preset(preset)
+    mla = GatedMLA(cfg, dtype=F64)
+    x = torch.randn(1, 7, cfg.hidden_size, dtype=F64)
+    ys, cache = [], None
+    for t in range(7):
+        y, cache = mla(x[:, t:t + 1], cache)
+        ys.append(y)
+    with torch.no_grad():
+        fast, cache_fast = [], None
+        for t in range(7):
+            y, cache_fast = mla(x[:, t:t + 1], cache_fast)
+            fast.append(y)
+        whole, _ = mla(x)                                          # and one prefill of all 7 (expanded, causal)
+    torch.testing.assert_close(torch.cat(fast, 1), torch.cat(ys, 1).detach(), atol=1e-12, rtol=0)
+    torch.testing.assert_close(torch.cat(fast, 1), whole, atol=1e-12, rtol=0)
+    torch.testing.assert_close(cache_fast.latent, cache.latent.detach(), atol=0, rtol=0)

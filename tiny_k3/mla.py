@@ -23,7 +23,7 @@ from torch import nn
 
 from .cache import MLACache
 from .config import K3Config
-from .fused import FusedLinears
+from .fused import CachedWeights, FusedLinears, autograd_needed
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -88,12 +88,59 @@ class GatedMLA(nn.Module):
         if self.g_proj is not None:
             groups.append(("g_proj",))
         self._x_proj = FusedLinears(self, *groups)
+        self._absorbed = CachedWeights(self, ("kv_b_proj",), self._split_kv_b)   # for `attend_absorbed`
 
     def project_q(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, D] -> q [B, T, H, nope + rope]. first: q_proj(x) or q_a_proj(x) when already computed."""
         first = (self.q_proj or self.q_a_proj)(x) if first is None else first
         q = first if self.q_proj is not None else self.q_b_proj(self.q_norm(first))
         return q.view(*x.shape[:2], self.heads, self.nope + self.rope)
+
+    def attend_expanded(self, q_nope, q_rope, latent, k_rope, past: int, key_mask=None, window=None):
+        """Attention with the cached latents expanded into per-head keys and values (the "naive" form).
+
+        q_nope [B,T,H,nope], q_rope [B,T,H,rope]; latent [B,S,rank]; k_rope [B,S,rope] (S = past + T).
+        Returns probs [B, H, T, S] and attn [B, T, H, v_dim]. Query t sits at position past + t (causal).
+        """
+        B, T, H, _ = q_nope.shape
+        S = latent.shape[1]
+        k_nope, v = self.kv_b_proj(latent).view(B, S, H, self.nope + self.v_dim).split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, H, self.rope)], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1)
+        # scores [B, H, T, S] = q k^T / sqrt(d) per head, as batched matmuls over (B, H): at decode an einsum
+        # costs twice the ops (its permutes and reshapes are separate dispatches)
+        scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).mul_(self.scale)
+        if T > 1 or key_mask is not None or window is not None:
+            query_pos = (past + torch.arange(T, device=q.device))[:, None]
+            keys = torch.arange(S, device=q.device)[None, :]
+            causal = keys <= query_pos            # decode without a window or mask: all S keys, no mask
+            if window is not None:                # a what-if window: and key > query - window
+                causal = causal & (keys > query_pos - window)
+            if key_mask is not None:  # padding keys are hidden; a padding query still sees itself (no empty rows)
+                causal = (causal & (key_mask[:, None, :].bool() | (keys == query_pos)))[:, None]   # [B, 1, T, S]
+            scores = scores.masked_fill(~causal, float("-inf"))
+        probs = scores.softmax(dim=-1)
+        return probs, torch.matmul(probs, v.transpose(1, 2)).transpose(1, 2)
+
+    def attend_absorbed(self, q_nope, q_rope, latent, k_rope):
+        """`attend_expanded` for one query per row and no mask (decode), without expanding the S cached latents
+        into keys and values: W_kb and W_vb are absorbed into the query and the output (DeepSeek-V2, §2.1.2),
+            q_n · (W_kb c_s) = (W_kb^T q_n) · c_s,        Σ_s p_s (W_vb c_s) = W_vb (Σ_s p_s c_s).
+        Same shapes in and out (T = 1); the same values to float rounding (tests/test_decode_paths.py).
+        """
+        W_kb, W_vb_t = self._absorbed()                                   # [H, nope, rank], [H, rank, v_dim]
+        q_latent = torch.bmm(q_nope[:, 0].transpose(0, 1), W_kb)          # [H, B, rank]: W_kb^T q_n, per head
+        scores = torch.baddbmm(torch.bmm(q_rope[:, 0], k_rope.mT),        # [B, H, S]: q_r · k_r + q_n · k_n
+                               q_latent.transpose(0, 1), latent.mT).mul_(self.scale)
+        probs = scores.softmax(dim=-1)
+        context = torch.bmm(probs, latent)                                # [B, H, rank]: Σ_s p_s c_s
+        attn = torch.bmm(context.transpose(0, 1), W_vb_t).transpose(0, 1)  # [B, H, v_dim]
+        return probs.unsqueeze(2), attn.unsqueeze(1)
+
+    def _split_kv_b(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj's weight [H*(nope+v), rank] -> (W_kb [H, nope, rank], W_vb^T [H, rank, v]), contiguous."""
+        per_head = weight.view(self.heads, self.nope + self.v_dim, self.kv_rank)
+        return per_head[:, :self.nope].contiguous(), per_head[:, self.nope:].transpose(1, 2).contiguous()
 
     def forward(self, x: torch.Tensor, cache: MLACache | None = None, recorder: Recorder = NO_RECORDER,
                 layer: int = 0, positions: torch.Tensor | None = None,
@@ -110,7 +157,7 @@ class GatedMLA(nn.Module):
         latent, k_rope = kv.split([self.kv_rank, self.rope], dim=-1)
         latent = self.kv_norm(latent)
         past = 0 if cache is None else cache.length
-        q = self.project_q(x, q_first)
+        q_nope, q_rope = self.project_q(x, q_first).split([self.nope, self.rope], dim=-1)
         if self.use_rope:  # rotate the new tokens' shared key before it is cached, and q's rope part
             fp = torch.promote_types(x.dtype, torch.float32)
             if positions is None:   # the usual case: positions past .. past+T-1, the same table for all layers
@@ -118,35 +165,21 @@ class GatedMLA(nn.Module):
             else:
                 C, S = rope_factors(*rope_angles(positions, self.rope, self.rope_theta, fp))   # [B, T, rope]
             k_rope = rotate_pairs(k_rope, C, S).to(x.dtype)
-            q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-            q = torch.cat([q_nope, rotate_pairs(q_rope, C.unsqueeze(-2), S.unsqueeze(-2)).to(q.dtype)], dim=-1)
+            q_rope = rotate_pairs(q_rope, C.unsqueeze(-2), S.unsqueeze(-2)).to(q_nope.dtype)
         if cache is not None:
             latent = torch.cat([cache.latent, latent], dim=1)
             k_rope = torch.cat([cache.k_rope, k_rope], dim=1)
         S = latent.shape[1]
-
-        # Expand the cached latent into per-head keys and values (the "naive", non-absorbed form).
-        k_nope, v = self.kv_b_proj(latent).view(B, S, self.heads, self.nope + self.v_dim).split(
-            [self.nope, self.v_dim], dim=-1)
-        k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, self.heads, self.rope)], dim=-1)
-
-        # scores [B, H, T, S] = q k^T / sqrt(d) per head, as batched matmuls over (B, H): at decode an einsum
-        # costs twice the ops (its permutes and reshapes are separate dispatches)
-        scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).mul_(self.scale)
         window = None if hooks is None else hooks.attention_window
-        if T > 1 or key_mask is not None or window is not None:  # query t sits at position past + t
-            query_pos = (past + torch.arange(T, device=x.device))[:, None]
-            keys = torch.arange(S, device=x.device)[None, :]
-            causal = keys <= query_pos            # decode without a window or mask: all S keys, no mask
-            if window is not None:                # a what-if window: and key > query - window
-                causal = causal & (keys > query_pos - window)
-            if key_mask is not None:  # padding keys are hidden; a padding query still sees itself (no empty rows)
-                causal = (causal & (key_mask[:, None, :].bool() | (keys == query_pos)))[:, None]   # [B, 1, T, S]
-            scores = scores.masked_fill(~causal, float("-inf"))
-        probs = scores.softmax(dim=-1)
-        attn = torch.matmul(probs, v.transpose(1, 2)).transpose(1, 2)          # [B, T, H, v_dim]
+        if window is not None and window >= S:   # a window over every key reads what no window reads
+            window = None
+        if T == 1 and key_mask is None and window is None and not autograd_needed((x, self.kv_b_proj.weight)):
+            probs, attn = self.attend_absorbed(q_nope, q_rope, latent, k_rope)
+        else:
+            probs, attn = self.attend_expanded(q_nope, q_rope, latent, k_rope, past, key_mask, window)
         if gate:  # K3's output gate
             attn = attn * torch.sigmoid(gate[0]).view(B, T, self.heads, self.v_dim)
         y = self.o_proj(attn.reshape(B, T, self.heads * self.v_dim))
-        recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
+        if recorder is not NO_RECORDER:
+            recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
         return y, MLACache(latent, k_rope)

@@ -69,8 +69,10 @@ class Block(nn.Module):
                 padding: Padding | None = None, hooks=None) -> None:
         i = self.index
         uniform = hooks is not None and i in hooks.uniform_depth
+        recording = recorder is not NO_RECORDER  # (the default ignores everything: skip even the detach views)
         h, weights = stream.read(self.attn_res, uniform)
-        recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
+        if recording:
+            recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
         x = self.attn_norm(h)
         extra = {}
         if padding is not None and self.kind == "kda":
@@ -81,14 +83,17 @@ class Block(nn.Module):
         elif padding is not None:
             extra = dict(positions=padding.positions, key_mask=padding.key_mask)
         out, cache.layers[i] = self.attn(x, cache.layers[i], recorder=recorder, layer=i, hooks=hooks, **extra)
-        recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
+        if recording:
+            recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
         stream.add(out)
 
         h, weights = stream.read(self.mlp_res, uniform)
-        recorder.record("depth", i, site="mlp", weights=weights, h=h.detach())
+        if recording:
+            recorder.record("depth", i, site="mlp", weights=weights, h=h.detach())
         x = self.mlp_norm(h)
         out = self.mlp(x) if self.mlp_kind == "dense" else self.mlp(x, recorder=recorder, layer=i, hooks=hooks)
-        recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=out.detach())
+        if recording:
+            recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=out.detach())
         stream.add(out)
 
 
