@@ -3,7 +3,8 @@
     python bench/bench_kda.py [--threads 1 2] [--chunk 64] [--lengths 1024 4096 16384] [--device cuda]
 
 B=1, H=4, K=V=64, float32, K3's lower-bound gate at fla's init. For each thread count, in one run:
-`kda_chunked` (best of several rounds), fla-core's pure-torch `naive_recurrent_kda` (the public reference,
+`kda_chunked` (best of several rounds; without autograd on CPU it takes its segment-by-segment form, whose
+chunks are at most 32 tokens: `--chunk` sets the other forms' chunk), fla-core's pure-torch `naive_recurrent_kda` (the public reference,
 one pass; loaded from its file, since fla's package import needs triton) and our own `kda_recurrent`
 (the definition). A recurrence is timed on a prefix when a full pass would take over 30 s (then scaled to
 the full length, which is exact for a loop of identical steps, and marked '*'). The last line per thread

@@ -108,6 +108,11 @@ def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------- layer
+def _conv_taps(*weights: torch.Tensor) -> torch.Tensor:
+    """Depthwise conv weights [C_i, 1, W] -> one time-major tap matrix [W, sum C_i] (decode's weighted sum)."""
+    return torch.cat(weights, 0)[:, 0].T.contiguous()
+
+
 class KDALayer(nn.Module):
     """The KDA token mixer of Kimi Linear / K3 (kda.md §3). x [B,T,D] (already RMS-normed) -> y [B,T,D].
 
@@ -152,6 +157,7 @@ class KDALayer(nn.Module):
         self._in_proj = FusedLinears(self, ("q_proj", "k_proj", "v_proj"), ("f_a_proj",), ("b_proj",),
                                      *([("g_proj",)] if self.g_proj is not None else []))
         self._conv_weight = CachedCat(self, ("q_conv", "k_conv", "v_conv"))
+        self._conv_taps = CachedWeights(self, ("q_conv", "k_conv", "v_conv"), _conv_taps)   # [W, C], for decode
         self._gate_weights = CachedWeights(self, ("f_b_proj.weight", "A_log", "dt_bias"), self._fold_gate, attr=None)
 
     @torch.no_grad()
@@ -199,13 +205,15 @@ class KDALayer(nn.Module):
         sequence gives the same result as one pass.
         """
         B, T, C = x.shape
-        tail = x.new_zeros(B, self.conv_kernel - 1, C) if cache is None else cache.conv.to(x.dtype)
-        full = torch.cat([tail, x], 1)                                        # [B, W-1+T, C]
+        tail = x.new_zeros(B, self.conv_kernel - 1, C) if cache is None else cache.conv
+        full = torch.cat([tail if tail.dtype == x.dtype else tail.to(x.dtype), x], 1)   # [B, W-1+T, C]
         convs = self._conv_weight.parts()
-        weight = torch.cat(convs, 0) if autograd_needed(convs) else self._conv_weight()   # [C, 1, W]
+        grad = autograd_needed(convs)
         if T == 1:  # decode: one output per channel, sum_w full[w] weight[w]: cheaper than conv1d's set-up
-            out = (full * weight[:, 0].T).sum(1, keepdim=True)
+            taps = torch.cat(convs, 0)[:, 0].T if grad else self._conv_taps()     # [W, C]
+            out = (full * taps).sum(1, keepdim=True)
         else:
+            weight = torch.cat(convs, 0) if grad else self._conv_weight()          # [C, 1, W]
             out = F.conv1d(full.transpose(1, 2), weight, groups=C).transpose(1, 2)  # no padding: exactly T outputs
         return out, full[:, full.shape[1] - (self.conv_kernel - 1):].clone()  # clone: don't pin all of `full`
 
