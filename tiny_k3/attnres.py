@@ -56,7 +56,10 @@ class DepthAttention(nn.Module):
         stacked = torch.stack(sources)
         if torch.is_grad_enabled() or stacked.dtype not in (torch.float32, torch.float64):
             return depth_attention(stacked, self.query, self.key_norm, self.eps)
-        return _depth_read(stacked, self._query_gain().to(stacked.dtype), self.eps)
+        query_gain = self._query_gain()
+        if query_gain.dtype != stacked.dtype:
+            query_gain = query_gain.to(stacked.dtype)
+        return _depth_read(stacked, query_gain, self.eps)
 
 
 def _depth_read(sources: torch.Tensor, query_gain: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

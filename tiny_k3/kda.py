@@ -96,10 +96,10 @@ def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
         raise ValueError(f"kda_step: takes exactly one token (T = 1), got T = {T}; use kda_chunked for more.")
     scale = K ** -0.5 if scale is None else scale
     out_dtype, dtype = q.dtype, compute_dtype(q, k, v, g, beta, initial_state)
-    q, k, v, beta = (t if t.dtype == dtype else t.to(dtype) for t in (q, k, v, beta))
+    q, k, v, g, beta = (_as(t, dtype) for t in (q, k, v, g, beta))
     k = k.reshape(B * H, 1, K)                                 # [BH, 1, K]
     S = (q.new_zeros(B * H, K, V) if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V))
-    S = S * g.to(dtype).reshape(B * H, K, 1).exp()              # S' = Diag(alpha) S
+    S = S * g.reshape(B * H, K, 1).exp()                       # S' = Diag(alpha) S
     delta = torch.baddbmm(v.reshape(B * H, 1, V), k, S, alpha=-1).mul_(beta.reshape(B * H, 1, 1))  # beta (v - S'^T k)
     S = torch.baddbmm(S, k.mT, delta)                          # S' + k delta^T
     o = torch.bmm(q.reshape(B * H, 1, K), S).mul_(scale)        # S^T (scale q)        [BH, 1, V]
@@ -108,6 +108,12 @@ def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------- layer
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype; the same tensor when it already is (a decode step makes ~10 such casts per layer, and even a
+    no-op `.to` costs a dispatch)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _conv_taps(*weights: torch.Tensor) -> torch.Tensor:
     """Depthwise conv weights [C_i, 1, W] -> one time-major tap matrix [W, sum C_i] (decode's weighted sum)."""
     return torch.cat(weights, 0)[:, 0].T.contiguous()
@@ -206,7 +212,7 @@ class KDALayer(nn.Module):
         """
         B, T, C = x.shape
         tail = x.new_zeros(B, self.conv_kernel - 1, C) if cache is None else cache.conv
-        full = torch.cat([tail if tail.dtype == x.dtype else tail.to(x.dtype), x], 1)   # [B, W-1+T, C]
+        full = torch.cat([_as(tail, x.dtype), x], 1)                           # [B, W-1+T, C]
         convs = self._conv_weight.parts()
         grad = autograd_needed(convs)
         if T == 1:  # decode: one output per channel, sum_w full[w] weight[w]: cheaper than conv1d's set-up
@@ -239,7 +245,7 @@ class KDALayer(nn.Module):
 
         projected, gate_low_rank, beta_logit, *out_gate = self._in_proj(x)   # q|k|v, f_a x, b x (, g x): one matmul
         mixed, conv_tail = self._short_conv(projected, cache)
-        qk, v = F.silu(mixed).to(fp).split([2 * H * K, H * V], -1)
+        qk, v = _as(F.silu(mixed), fp).split([2 * H * K, H * V], -1)
         # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in float32: q and k
         # side by side as 2H heads, one pass for both.
         qk = qk.reshape(B, T, 2 * H, K)
@@ -249,7 +255,7 @@ class KDALayer(nn.Module):
         g = self.decay_gate(gate_low_rank).view(B, T, H, K)
         if hooks is not None:
             g = hooks.scale_decay(layer, g)
-        beta = torch.sigmoid(beta_logit.to(fp))
+        beta = torch.sigmoid(_as(beta_logit, fp))
 
         prev = None if cache is None else cache.state
         kda = kda_step if T == 1 else kda_chunked  # fla: fused_recurrent for decode, chunk for prefill
@@ -261,8 +267,7 @@ class KDALayer(nn.Module):
                             q=q.detach(), k=k.detach(), v=v.detach())
 
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
-        o = o.to(fp)
-        gate = (out_gate[0] if out_gate else self.output_gate(x)).view(B, T, H, V).to(fp)
-        o = rms_norm(o, self.o_norm_weight.to(fp), self.eps) * torch.sigmoid(gate)
-        y = self.o_proj(o.to(x.dtype).reshape(B, T, H * V))
-        return y, KDAState(state=state.to(fp), conv=conv_tail)
+        gate = _as((out_gate[0] if out_gate else self.output_gate(x)).view(B, T, H, V), fp)
+        o = rms_norm(_as(o, fp), _as(self.o_norm_weight, fp), self.eps) * torch.sigmoid(gate)
+        y = self.o_proj(_as(o, x.dtype).reshape(B, T, H * V))
+        return y, KDAState(state=_as(state, fp), conv=conv_tail)
