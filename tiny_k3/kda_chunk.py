@@ -295,9 +295,9 @@ def _carry_state(N: int, W, U0, k_out_t, decay, S, keep_decayed: bool, buffers=N
 # On CPU these small batched products and element-wise passes are memory-bound, not FLOP-bound: an
 # element-wise op on a 256 KB tensor runs ~2.5x the rate of one on 4 MB (L2 vs L3), a batched matmul
 # with a transposed operand first copies it (~3x a row-major one), and the in-chunk products grow with C
-# while the state carry does not. Hence segments sized for L2, row-major operands only, and C = 32.
+# while the state carry does not. Hence segments sized for the caches, row-major operands only, and C = 32.
 _CPU_CHUNK = 32                 # the longest chunk of `_chunked_cpu` (bench_kda: 32 beats 16 and 64)
-_SEGMENT_BYTES = 256 * 1024     # one [tokens, H, K] operand of a segment, per thread: a handful fit in its L2
+_SEGMENT_BYTES = 512 * 1024     # one [tokens, H, K] operand of a segment (bench_kda, 1 and 2 threads: 256 KB-1 MB swept)
 
 
 def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -335,9 +335,7 @@ def _chunked_cpu(q, k, v, g, beta, S, scale, C) -> tuple[torch.Tensor, torch.Ten
         C //= 2
     q, k, v, beta = (_pad_time(t.to(dtype), N * C) for t in (q, k, v, beta))
     beta = beta.unsqueeze(-1)                                   # [B, T, H, 1]
-    # each of the intra-op threads takes its share of a segment's batched products (2 threads: 15 vs 17 ms)
-    seg_bytes = _SEGMENT_BYTES * torch.get_num_threads()
-    seg = max(1, seg_bytes // (B * H * max(K, V) * C * torch.finfo(dtype).bits // 8)) * C
+    seg = max(1, _SEGMENT_BYTES // (B * H * max(K, V) * C * torch.finfo(dtype).bits // 8)) * C
     R_max = min(N, seg // C)
 
     def chunked(x):  # [B, R*C, H, D] -> [R, B, H, C, D] (a strided view)
