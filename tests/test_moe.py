@@ -461,3 +461,36 @@ def test_decode_output_reads_its_scale_on_the_host_or_keeps_it_a_tensor(act):
         for on_host in (True, False):
             torch.testing.assert_close(moe._decode_output(y, shared, on_host), expected, rtol=0, atol=1e-12)
     assert expected.abs().mean() > 0.1
+
+
+def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_experts(monkeypatch):
+    moe = _moe("tiny")
+    moe.pad_max_ratio = 1 << 30
+    x = torch.randn(2, 60, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        counts = torch.bincount(moe.router(x).expert_ids.reshape(-1), minlength=moe.config.num_experts)
+        most = int(counts.max())
+        assert most >= 4 and moe._tier_width(counts) == (most, most)    # cheap columns: one product, no split
+        expected = moe.dense_reference(x)
+        for width in range(1, most + 1):                                # width < most: a second product
+            monkeypatch.setattr(moe, "_tier_width", lambda counts, width=width: (width, most))
+            torch.testing.assert_close(moe(x), expected, rtol=0, atol=1e-12, msg=f"width {width}")
+
+
+def test_tier_width_is_the_least_of_its_cost_model():
+    moe = _moe("small")
+    counts = torch.tensor([12, 9, 9, 5, 3, 3, 3, 2, 2, 1, 1, 0] + [2] * 100)
+    E, most = counts.numel(), 12
+
+    def cost(c):                                   # the docstring's model, by brute force
+        column = moe.column_us_per_element * moe.w1.shape[1] * moe.w1.shape[2]
+        above = int((counts > c).sum())
+        if c == most:
+            return E * most * column
+        return (E * (c + 1) + above * (most - c)) * column + moe.late_us + moe.late_us_per_expert * above
+
+    for scale in (1.0, 1e3, 1e5):                  # columns ever dearer than the second product's ops
+        moe.column_us_per_element = scale * LatentMoE.column_us_per_element
+        width, busiest = moe._tier_width(counts)
+        assert busiest == most and width == min(range(1, most + 1), key=lambda c: (cost(c), -c))
+    assert width < most                             # dear columns: the busiest experts go to the second product

@@ -406,30 +406,72 @@ class LatentMoE(nn.Module):
     def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`mix_experts` for ids, weights [N, k] (row n's k pairs, distinct experts), without autograd.
 
-        As `_mix_padded`: every expert's pairs side by side, padded to the busiest expert's count, one bmm per
-        product with the weights as stored; but the pairs stay in token order (each knows its column, its
+        As `_mix_padded`: the first `width` pairs of every expert side by side (zeros after its last), one bmm
+        per product with the weights as stored; but the pairs stay in token order (each knows its column, its
         rank among the pairs of its expert), so no rows are sorted, the GLU works in place, and the k outputs
-        of a token are read back as [N, k, l] and summed with their weights, without an index_add.
-        A skewed load (E * busiest > pad_max_ratio * pairs) goes to `mix_experts`' tiles. z [N, l] -> [N, l].
+        of a token are read back as [N, k, l] and summed with their weights, without an index_add. The pairs
+        past `width`, of the few busiest experts (which would pad all E), run as a second such product over
+        copies of just those experts' weights; `_tier_width` picks the width that costs least.
+        Where even that pads too much (E * width > pad_max_ratio * pairs) `mix_experts`' tiles run. z [N, l].
         """
         n, k = ids.shape
         E, m, l = self.w1.shape[0], self.w1.shape[1], z.shape[1]
         flat = ids.reshape(-1)
         counts = torch.bincount(flat, minlength=E)                                  # [E]
-        most = int(counts.max()) if n else 0
-        if not n or E * most > self.pad_max_ratio * flat.numel():
+        width, most = self._tier_width(counts) if n else (0, 0)
+        if not n or E * width > self.pad_max_ratio * flat.numel():
             return self.mix_experts(z, flat, weights.reshape(-1).to(z.dtype))
         order = torch.argsort(flat, stable=True)                                    # [P] pairs by expert
         position = torch.empty_like(flat).index_copy_(0, order, torch.arange(flat.numel(), device=z.device))
         rank = (position - (torch.cumsum(counts, 0) - counts)[flat]).view(n, k)    # [N, k] column of each pair
-        columns = _scratch("columns", (E, l, most), z).zero_()                      # Z^T per expert
-        columns.transpose(1, 2)[ids, rank] = z.unsqueeze(1)
-        gate = torch.bmm(self.w1, columns, out=_scratch("gate", (E, m, most), z))
-        up = torch.bmm(self.w3, columns, out=_scratch("up", (E, m, most), z))
+        late = width < most                                  # late pairs: rank >= width, the second product's
+        column = rank.clamp(max=width) if late else rank     # (they share one spare column, never read back)
+        out = self._mix_columns(z, ids, column, width + late, (self.w1, self.w3, self.w2), "")
+        if late:
+            pairs = (rank >= width).view(-1).nonzero().squeeze(1)                  # [Q] token-major pair index
+            busy = (counts > width).nonzero().squeeze(1)                            # [B] experts with late pairs
+            slot = torch.empty_like(counts).index_copy_(0, busy, torch.arange(busy.numel(), device=z.device))
+            stacks = tuple(w.index_select(0, busy) for w in (self.w1, self.w3, self.w2))
+            late_out = self._mix_columns(z.index_select(0, pairs // k), slot[flat[pairs]].unsqueeze(1),
+                                         (rank.view(-1)[pairs] - width).unsqueeze(1), most - width, stacks, "late ")
+            out.view(-1, l).index_copy_(0, pairs, late_out.view(-1, l))
+        return out.mul_(weights.to(z.dtype).unsqueeze(-1)).sum(1)
+
+    def _mix_columns(self, z: torch.Tensor, experts: torch.Tensor, column: torch.Tensor, width: int,
+                     stacks: tuple[torch.Tensor, torch.Tensor, torch.Tensor], scratch: str) -> torch.Tensor:
+        """E_{experts[n, j]}(z[n]) for z [N, l] and experts, column [N, j] (distinct (expert, column) pairs but
+        for a spare column): each expert's rows side by side in `width` columns, one bmm per product with the
+        stacks (w1, w3 [S, m, l], w2 [S, l, m]); temporaries in the scratch buffers named `scratch`. [N, j, l]."""
+        w1, w3, w2 = stacks
+        (S, m, l) = w1.shape
+        columns = _scratch(scratch + "columns", (S, l, width), z).zero_()         # Z^T per expert
+        columns.transpose(1, 2)[experts, column] = z.unsqueeze(1)
+        gate = torch.bmm(w1, columns, out=_scratch(scratch + "gate", (S, m, width), z))
+        up = torch.bmm(w3, columns, out=_scratch(scratch + "up", (S, m, width), z))
         # once read, columns hold the GLU's sigmoid, then W2's output
         h = self._glu_(gate, up, columns if l >= m else None)
-        out = torch.bmm(self.w2, h, out=columns).transpose(1, 2)[ids, rank]         # [N, k, l]
-        return out.mul_(weights.to(z.dtype).unsqueeze(-1)).sum(1)
+        return torch.bmm(w2, h, out=columns).transpose(1, 2)[experts, column]
+
+    # `_tier_width`'s cost model in microseconds, measured on one CPU core (mini-896/16 and small at 256 tokens;
+    # only the ratios matter): one expert's column of the padded products per weight element of an expert
+    # matrix (m * l), and the second product's fixed cost and cost per busy expert (its copies, its ~20 ops).
+    column_us_per_element = 0.15 / 1024
+    late_us, late_us_per_expert = 80.0, 5.0
+
+    def _tier_width(self, counts: torch.Tensor) -> tuple[int, int]:
+        """(width, busiest count) for `_mix_token_major`: the width c of least modelled cost, E (c + 1) padded
+        columns plus, for the B experts with more than c pairs, (busiest - c) columns each, their weight copies
+        and the second product's ops; c = busiest (no second product) costs E * busiest columns."""
+        load = torch.bincount(counts).tolist()                          # load[v]: experts with v pairs
+        experts, most = counts.numel(), len(load) - 1
+        column = self.column_us_per_element * self.w1.shape[1] * self.w1.shape[2]
+        best, best_cost, above = most, experts * most * column, 0       # above: experts with more than c pairs
+        for c in range(most - 1, 0, -1):
+            above += load[c + 1]
+            cost = (experts * (c + 1) + above * (most - c)) * column + self.late_us + self.late_us_per_expert * above
+            if cost < best_cost:
+                best, best_cost = c, cost
+        return best, most
 
     def _glu_(self, gate: torch.Tensor, up: torch.Tensor, spare: torch.Tensor | None = None) -> torch.Tensor:
         """`_glu(gate, up)` computed in gate's and up's memory (tensors of no further use), with `spare` (at
