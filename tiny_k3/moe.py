@@ -85,12 +85,12 @@ def top_k_ids(biased: torch.Tensor, k: int) -> torch.Tensor:
     biased [..., E] -> [..., k] long. torch's CPU topk costs ~8 ns per element of every row (an nth_element
     over (value, index) pairs), which at prefill is a third of the MoE layer. Two stages look at fewer:
     split each row into G groups of s (member i of group g is column i*G + g, so the group maxima are one
-    vectorised reduction), keep the k groups with the highest maxima and take the top k+1 of their s*k
-    members. Exactness: if those come out strictly decreasing, c_1 > ... > c_k > c_{k+1}, and c_k is above
-    the (k+1)-th highest group maximum M, then every element outside the kept groups is <= M < c_k and every
-    other member of them is <= c_{k+1} < c_k, so c_1..c_k are the only k elements >= c_k, in the only
+    vectorised reduction), keep the k+1 groups with the highest maxima (in any order) and take the top k+1
+    of their s(k+1) members, c_1 >= ... >= c_{k+1}. Exactness: the kept maxima are k+1 of the members, so
+    c_{k+1} >= the least kept maximum >= every element outside the kept groups. If the c's are strictly
+    decreasing, every element but c_1..c_k is <= c_{k+1} < c_k: they are the row's only k largest, in the only
     order topk can give them. A row that fails the test (a tie, NaN: topk's "largest", -inf padding) is
-    handed to topk itself, so ties break exactly as before. With E/k = 56 a row is 240 elements, not 896.
+    handed to topk itself, so ties break exactly as before. With E/k = 56 a row is 247 elements, not 896.
     """
     num_experts = biased.shape[-1]
     plan = _two_stage_plan(num_experts, k)
@@ -100,14 +100,13 @@ def top_k_ids(biased: torch.Tensor, k: int) -> torch.Tensor:
     size, groups = plan
     with torch.no_grad():
         table = biased.detach().reshape(rows, size, groups)                      # [R, s, G]
-        best = table.amax(1).topk(k + 1, dim=-1)                                # k+1 highest group maxima
-        kept = best.indices[:, :k]                                              # [R, k] group ids
-        members = table.gather(2, kept.unsqueeze(1).expand(rows, size, k))     # [R, s, k]: member i of kept j
-        top = members.view(rows, size * k).topk(k + 1, dim=-1)                  # position i*k + j
+        kept = table.amax(1).topk(k + 1, dim=-1, sorted=False).indices           # [R, k+1] group ids
+        members = table.gather(2, kept.unsqueeze(1).expand(rows, size, k + 1))  # [R, s, k+1]: member i of kept j
+        top = members.view(rows, size * (k + 1)).topk(k + 1, dim=-1)            # position i*(k+1) + j
         pos = top.indices[:, :k]
-        ids = kept.gather(1, pos % k) + (pos // k) * groups                     # [R, k] expert ids
+        ids = kept.gather(1, pos % (k + 1)) + (pos // (k + 1)) * groups          # [R, k] expert ids
         values = top.values
-        exact = (values[:, :-1] > values[:, 1:]).all(1) & (values[:, k - 1] > best.values[:, k])
+        exact = (values[:, :-1] > values[:, 1:]).all(1)
         if not bool(exact.all()):
             redo = (~exact).nonzero().squeeze(1)
             ids[redo] = biased.detach().reshape(rows, num_experts)[redo].topk(k, dim=-1, sorted=True).indices
@@ -116,11 +115,11 @@ def top_k_ids(biased: torch.Tensor, k: int) -> torch.Tensor:
 
 @lru_cache(maxsize=None)
 def _two_stage_plan(num_experts: int, k: int) -> tuple[int, int] | None:
-    """(s, G) with s * G = E and G >= k + 1 that minimises the G + s*k elements `top_k_ids` looks at per
+    """(s, G) with s * G = E and G >= k + 1 that minimises the G + s(k+1) elements `top_k_ids` looks at per
     row, or None where that saves less than half of E (small E, k = 1: topk's own max scan)."""
     if k < 2:
         return None
-    plans = [(groups + size * k, -size, size, num_experts // size) for size in range(2, num_experts)
+    plans = [(groups + size * (k + 1), -size, size, num_experts // size) for size in range(2, num_experts)
              if num_experts % size == 0 and (groups := num_experts // size) >= k + 1]
     if not plans or min(plans)[0] * 2 > num_experts:
         return None
