@@ -302,7 +302,8 @@ class LatentMoE(nn.Module):
 
     def _report(self, routing: Routing, recorder: Recorder, layer: int) -> Routing:
         """Keep the ids for `last_load` (counted lazily) and send the "moe" event."""
-        self.__dict__["_last_ids"] = routing.expert_ids.detach()   # a plain attribute: skip Module.__setattr__
+        # a plain attribute (skip Module.__setattr__); integer ids carry no autograd history, nothing to detach
+        self.__dict__["_last_ids"] = routing.expert_ids
         if recorder is not NO_RECORDER:
             recorder.record("moe", layer, scores=routing.scores.detach(), bias=self.router.bias.detach(),
                             expert_ids=self._last_ids, weights=routing.weights.detach())
