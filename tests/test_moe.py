@@ -459,7 +459,8 @@ def test_decode_output_reads_its_scale_on_the_host_or_keeps_it_a_tensor(act):
         moe.latent_norm.weight.normal_(1.0, 0.3, generator=gen)                  # folded into W_up: not all ones
         expected = moe.up(moe.latent_norm(cap * y)) + moe.shared.w2(cap * shared)       # what the step stands for
         for on_host in (True, False):
-            torch.testing.assert_close(moe._decode_output(y, shared, on_host), expected, rtol=0, atol=1e-12)
+            out_weight = moe._fused_weights(torch.zeros(1, 1, moe.config.hidden_size, dtype=torch.float64))[1]
+            torch.testing.assert_close(moe._decode_output(y, shared, out_weight, on_host), expected, rtol=0, atol=1e-12)
     assert expected.abs().mean() > 0.1
 
 
@@ -494,3 +495,26 @@ def test_tier_width_is_the_least_of_its_cost_model():
         width, busiest = moe._tier_width(counts)
         assert busiest == most and width == min(range(1, most + 1), key=lambda c: (cost(c), -c))
     assert width < most                             # dear columns: the busiest experts go to the second product
+
+
+def test_fused_weights_follow_load_to_and_deepcopy_and_decline_other_layouts():
+    import copy
+
+    moe = _moe("tiny")
+    x = torch.randn(1, 1, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        first = moe._fused_weights(x)
+        assert first is not None and moe._fused_weights(x)[0] is first[0]          # kept between calls
+        twin = copy.deepcopy(moe)
+        other = _moe("tiny", seed=1)
+        moe.load_state_dict(other.state_dict())                                   # in-place copies: rebuilt
+        for module in (moe, twin):
+            fast = module(x)
+            torch.testing.assert_close(fast, module.dense_reference(x), rtol=0, atol=1e-12)
+        assert not torch.allclose(moe(x), twin(x))                               # each copy reads its own weights
+        single = moe.to(torch.float32)                                            # new storage and dtype: rebuilt
+        assert single._fused_weights(x) is None                                   # x float64, weights float32
+        x32 = x.float()
+        torch.testing.assert_close(single(x32), single.dense_reference(x32), rtol=1e-5, atol=1e-6)
+        single.up = torch.nn.Identity()                                           # not K3's layout: general path
+        assert single._fused_weights(x32) is None

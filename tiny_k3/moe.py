@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import K3Config
-from .fused import CachedCat, CachedWeights, autograd_needed
+from .fused import autograd_needed
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -267,10 +267,9 @@ class LatentMoE(nn.Module):
         for weight in (self.w1, self.w3, self.w2):  # nn.Linear weights are TinyK3's `_init_weights`
             nn.init.normal_(weight, std=c.init_std)
         self._last_ids: torch.Tensor | None = None
-        # Inference caches for `_decode_token` (tiny_k3/fused.py): everything that reads x as one matrix, and
-        # the two projections that are summed at the end side by side. Not parameters: state_dict unchanged.
-        self._reads_x = CachedCat(self, ("router", "down", "shared.w1", "shared.w3"))
-        self._writes_out = CachedWeights(self, ("up", "latent_norm", "shared.w2"), _output_weight)
+        # The fused paths' two matrices and the key they were built for (`_fused_weights`): a plain attribute,
+        # not a parameter or buffer, so the state_dict is unchanged.
+        self._fused: tuple | None = None
         self._situ_caps = None
 
     @property
@@ -282,11 +281,12 @@ class LatentMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0, hooks=None) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]. `hooks`: routing changes for a what-if (tiny_k3.hooks), None: none."""
-        if self._can_fuse(x):
+        fused = self._fused_weights(x)
+        if fused is not None:
             if x.shape[0] * x.shape[1] == 1 and self._gathers(1):
-                return self._decode_token(x, recorder, layer, hooks)
+                return self._decode_token(x, fused, recorder, layer, hooks)
             if self.fuse_tokens:
-                return self._forward_tokens(x, recorder, layer, hooks)
+                return self._forward_tokens(x, fused, recorder, layer, hooks)
         routing = self.route_tokens(x, recorder, layer, hooks)
         z = self.down(x).reshape(-1, self.config.latent_dim)        # [N, l]
         y = self.mix_experts(z, routing.expert_ids.reshape(-1), routing.weights.reshape(-1).to(z.dtype))
@@ -319,20 +319,50 @@ class LatentMoE(nn.Module):
         return tokens * self.config.top_k * 3 * w1.shape[1] * w1.shape[2] <= self.gather_max_elements
 
     def _can_fuse(self, x: torch.Tensor) -> bool:
-        """The fused inference paths apply: x [B, T, D], no autograd, the plain modules of K3's layout, one float
-        dtype (otherwise the general path runs: it is what they are tested against)."""
-        if x.dim() != 3 or (torch.is_grad_enabled() and self.w1.requires_grad):
-            return False
-        c, mods, w1 = self.config, self._modules, self._parameters["w1"]
-        shared = mods["shared"]
-        return (x.shape[-1] == c.hidden_size and c.mlp_act in ("situ", "swiglu")
-                and x.dtype in (torch.float32, torch.float64) and x.dtype == w1.dtype == mods["router"].weight.dtype
-                and type(mods["down"]) is nn.Linear and type(mods["up"]) is nn.Linear
-                and type(mods["latent_norm"]) is RMSNorm and type(shared) is GatedMLP
-                and all(type(m) is nn.Linear for m in shared._modules.values())
-                and not autograd_needed(self.parameters()))
+        """The fused inference paths apply to x (see `_fused_weights`)."""
+        return self._fused_weights(x) is not None
 
-    def _decode_token(self, x: torch.Tensor, recorder: Recorder, layer: int, hooks) -> torch.Tensor:
+    def _fused_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(W_in, W_out) for the fused inference paths, or None where they do not apply and the general path
+        runs (what they are tested against): x [B, T, D] of float32/64, no autograd, the plain modules of K3's
+        layout in x's dtype.
+
+        W_in = [W_router; W_down; W1_shared; W3_shared] [E + l + 2 hs, D] reads x in one product; W_out =
+        [W_up Diag(norm weight) | W2_shared] [D, l + hs] writes the output in one (`_output_weight`). Both are
+        kept while every part has the same storage, version and dtype (an optimiser step, a checkpoint load,
+        `.to()` rebuild them; parts made under inference mode have no version, so then they are built every
+        call). One pass over the modules checks the layout and keys the cache: at decode this bookkeeping
+        was a fifth of the step when done by a check and two separate caches."""
+        if x.dim() != 3 or (torch.is_grad_enabled() and self._parameters["w1"].requires_grad):
+            return None
+        c, mods = self.config, self._modules
+        router, down, up, norm, shared = (mods["router"], mods["down"], mods["up"], mods["latent_norm"],
+                                          mods["shared"])
+        if (type(down) is not nn.Linear or type(up) is not nn.Linear or type(norm) is not RMSNorm
+                or type(shared) is not GatedMLP or x.shape[-1] != c.hidden_size
+                or c.mlp_act not in ("situ", "swiglu") or x.dtype not in (torch.float32, torch.float64)):
+            return None
+        inner = shared._modules
+        s1, s2, s3 = inner["w1"], inner["w2"], inner["w3"]
+        if type(s1) is not nn.Linear or type(s2) is not nn.Linear or type(s3) is not nn.Linear:
+            return None
+        parts = (router._parameters["weight"], down._parameters["weight"], s1._parameters["weight"],
+                 s3._parameters["weight"], up._parameters["weight"], norm._parameters["weight"],
+                 s2._parameters["weight"])
+        if x.dtype != self._parameters["w1"].dtype or x.dtype != parts[0].dtype or autograd_needed(self.parameters()):
+            return None
+        if any(p.is_inference() for p in parts):
+            with torch.no_grad():
+                return torch.cat(parts[:4]), _output_weight(*parts[4:])
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in parts)
+        cached = self._fused
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = self.__dict__["_fused"] = (key, torch.cat(parts[:4]), _output_weight(*parts[4:]))
+        return cached[1], cached[2]
+
+    def _decode_token(self, x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor], recorder: Recorder,
+                      layer: int, hooks) -> torch.Tensor:
         """`forward` for one token [1, 1, D] without autograd, in fewer ops: the same sums, another order.
 
         At decode every op is overhead (small: 16 of 896 experts of width 8), so: router, down projection and
@@ -345,7 +375,7 @@ class LatentMoE(nn.Module):
         c, mods, params = self.config, self._modules, self._parameters
         w1, w2, w3, router = params["w1"], params["w2"], params["w3"], mods["router"]
         E, m, l, hs = c.num_experts, w1.shape[1], w1.shape[2], mods["shared"]._modules["w1"].out_features
-        xs = torch.mv(self._reads_x(), x.view(-1))                         # [E + l + 2 hs]
+        xs = torch.mv(fused[0], x.view(-1))                                # [E + l + 2 hs]
         scores = torch.sigmoid(xs[:E].view(1, 1, E))
         if hooks is not None and hooks.changes_routing(layer):
             routing = hooks.route(layer, scores, router)
@@ -361,16 +391,17 @@ class LatentMoE(nn.Module):
         h = self._glu_rows(rows)                                    # [k*m + hs]: routed, then shared; h / cap
         every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j / cap
         y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j / cap
-        return self._decode_output(y, h[k * m:], on_host=y.device.type == "cpu").view_as(x)
+        return self._decode_output(y, h[k * m:], fused[1], on_host=y.device.type == "cpu").view_as(x)
 
-    def _decode_output(self, y: torch.Tensor, shared: torch.Tensor, on_host: bool) -> torch.Tensor:
-        """W_up RMSNorm(cap y) + W2_shared (cap shared) for y [l], shared [hs] (the GLU outputs / cap) -> [D].
+    def _decode_output(self, y: torch.Tensor, shared: torch.Tensor, out_weight: torch.Tensor,
+                       on_host: bool) -> torch.Tensor:
+        """W_up RMSNorm(cap y) + W2_shared (cap shared) for y [l], shared [hs] (the GLU outputs / cap) -> [D];
+        out_weight = [W_up Diag(norm weight) | W2_shared] (`_fused_weights`).
 
         RMSNorm(cap y) = cap y / sqrt(cap^2 mean(y^2) + eps). On the CPU (`on_host`) its scale and the cap
         are the two scalars of one addmv (beta for the shared experts' part), not five ops on vectors; on a
         GPU reading the scale back would wait for the device, so there they stay tensors."""
         cap, eps, l = self._glu_cap(), self._modules["latent_norm"].eps, y.numel()
-        out_weight = self._writes_out()                                    # [W_up Diag(norm) | W2_shared]
         shared_part = torch.mv(out_weight[:, l:], shared)
         if on_host:
             scale = cap / math.sqrt(cap * cap * float(torch.dot(y, y)) / l + eps)
@@ -378,7 +409,8 @@ class LatentMoE(nn.Module):
         scale = torch.rsqrt(torch.dot(y, y) * (cap * cap / l) + eps) * cap
         return torch.addmv(shared_part * cap, out_weight[:, :l], y * scale)
 
-    def _forward_tokens(self, x: torch.Tensor, recorder: Recorder, layer: int, hooks) -> torch.Tensor:
+    def _forward_tokens(self, x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor], recorder: Recorder,
+                        layer: int, hooks) -> torch.Tensor:
         """`forward` for many tokens [B, T, D] without autograd: router, down projection and the shared
         experts' gate and up are one product with x, W_up RMSNorm(y) + W2_shared h one product with
         [y / rms(y) | h] (the norm's weight folded into W_up, as in `_decode_token`), and the experts run in
@@ -386,7 +418,7 @@ class LatentMoE(nn.Module):
         c, mods = self.config, self._modules
         E, l, hs = c.num_experts, c.latent_dim, mods["shared"]._modules["w1"].out_features
         n = x.shape[0] * x.shape[1]
-        weight = self._reads_x()
+        weight = fused[0]
         xs = torch.mm(x.reshape(n, -1), weight.t(), out=_scratch("xs", (n, weight.shape[0]), x))  # [N, E+l+2hs]
         router, scores = mods["router"], torch.sigmoid(xs[:, :E]).view(*x.shape[:-1], E)
         if hooks is not None and hooks.changes_routing(layer):
@@ -401,7 +433,7 @@ class LatentMoE(nn.Module):
         y = self._mix_token_major(z, routing.expert_ids.reshape(n, k), routing.weights.reshape(n, k))
         y = y * torch.rsqrt(y.square().mean(-1, keepdim=True).add_(_constant(mods["latent_norm"].eps, y)))
         h = self._glu(xs[:, E + l:E + l + hs], xs[:, E + l + hs:])
-        return F.linear(torch.cat([y, h], -1), self._writes_out()).view_as(x)
+        return F.linear(torch.cat([y, h], -1), fused[1]).view_as(x)
 
     def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`mix_experts` for ids, weights [N, k] (row n's k pairs, distinct experts), without autograd.
