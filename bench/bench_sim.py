@@ -5,8 +5,9 @@
 1. step() with full recording vs the bare model decode step (target <= 1.5x). Two ratios:
    hybrid only: Simulation(twin=False).step() / model(token, cache)                  - the price of recording
    with twin:   Simulation().step() / (model step + twin step)                        - what the TUI pays
-2. Bytes per Frame: the arrays it holds (a shared selection bias counted once), the Python objects around
-   them (tracemalloc), and the amortised KDA snapshots kept for branching.
+2. Bytes per Frame: the arrays it holds (Frame.arrays(); the selection bias, one array per MoE layer shared by
+   every frame while it is unchanged, is counted once for the run and amortised over its frames), the Python
+   objects around them (tracemalloc, less the numpy buffers it also sees), and the amortised KDA snapshots.
 3. The cost of a branch: go back 10 tokens and force another token (within the ring of recent snapshots:
    no replay; further back: a replay of up to SNAPSHOT_EVERY - 1 tokens).
 4. A what-if of 8 steps (original and branch side by side, off the timeline) vs 8 plain steps (target <= 2x).
@@ -16,6 +17,7 @@ The contenders take turns one step at a time, so a busy machine slows them alike
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 import time
@@ -37,24 +39,39 @@ from tiny_k3.config import DEFAULT_PROMPT as PROMPT  # noqa: E402
 CLOCK = time.perf_counter
 
 
-def unique_array_bytes(frames) -> int:
-    """Bytes of the distinct buffers behind the frames' arrays (views of one buffer count once)."""
-    seen: dict[int, int] = {}
+def _arrays(frame) -> list[np.ndarray]:
+    if hasattr(frame, "arrays"):
+        return frame.arrays()
+    # frames from before Frame.arrays() (to measure an older tree with this file): their records' fields
+    out = [frame.top_ids, frame.top_probs]
+    for r in (*frame.routing, *frame.kda, *frame.depth):
+        out += [getattr(r, f.name) for f in dataclasses.fields(r) if isinstance(getattr(r, f.name), np.ndarray)]
+    return out
 
-    def add(a: np.ndarray):
+
+def held_arrays(frame) -> dict[int, np.ndarray]:
+    """The distinct buffers behind a frame's arrays (views of one buffer count once), by id."""
+    roots: dict[int, np.ndarray] = {}
+    for a in _arrays(frame):
         while isinstance(a.base, np.ndarray):
             a = a.base
-        seen[id(a)] = a.nbytes
+        roots[id(a)] = a
+    return roots
 
+
+def frame_bytes(frames, traced: float) -> tuple[float, float, float]:
+    """(bytes of the arrays each held by one frame, bytes of the arrays several frames share (the selection
+    bias) counted once, bytes of Python objects) for the whole list. traced: what tracemalloc saw while the
+    frames were made; it sees numpy's own buffers too (not torch's), so those are taken out of it."""
+    roots: dict[int, np.ndarray] = {}
+    uses: dict[int, int] = {}
     for f in frames:
-        add(f.top_ids), add(f.top_probs)
-        for r in f.routing:
-            add(r.scores), add(r.bias), add(r.expert_ids), add(r.weights)
-        for r in f.kda:
-            add(r.state), add(r.decay), add(r.beta), add(r.state_norm), add(r.correction_norm)
-        for d in f.depth:
-            add(d.weights)
-    return sum(seen.values())
+        for i, a in held_arrays(f).items():
+            roots[i], uses[i] = a, uses.get(i, 0) + 1
+    own = sum(a.nbytes for i, a in roots.items() if uses[i] == 1)
+    shared = sum(a.nbytes for i, a in roots.items() if uses[i] > 1)
+    numpy_owned = sum(a.nbytes for a in roots.values() if a.base is None)
+    return own, shared, traced - numpy_owned
 
 
 class Bare:
@@ -109,16 +126,19 @@ def bench(preset: str, device: str, steps: int) -> None:
     py_bytes = (tracemalloc.get_traced_memory()[0] - before) / n
     tracemalloc.stop()
     new = fresh.frames[frames0:]
+    own, shared, objects = (b / len(new) for b in frame_bytes(new, py_bytes * n))
     nominal = np.mean([f.nbytes() for f in new])
-    arrays = unique_array_bytes(new) / len(new)
     snap = fresh.frame.memory.state_bytes                  # one snapshot = every KDA state of the sequence
-    per_token = arrays + py_bytes + snap / SNAPSHOT_EVERY
-    print(f"  bytes per Frame: arrays {format_bytes(arrays)} (nbytes() {format_bytes(nominal)} counts the shared "
-          f"bias per frame), Python objects ~{format_bytes(py_bytes)} (tracemalloc)")
+    per_token = own + shared + objects + snap / SNAPSHOT_EVERY
+    print(f"  bytes per Frame: arrays {format_bytes(own)} + shared {format_bytes(shared)} (the selection bias, "
+          f"{format_bytes(shared * len(new))} held once by all {len(new)} frames, amortised over them; nbytes() "
+          f"{format_bytes(nominal)} counts it in every frame), Python objects ~{format_bytes(objects)} (tracemalloc, "
+          f"less numpy's own buffers)")
     print(f"  KDA snapshots for branching: {format_bytes(snap)} each; a fixed ring of the last {RECENT_SNAPSHOTS} "
           f"({format_bytes(RECENT_SNAPSHOTS * snap)}) + one per {SNAPSHOT_EVERY} tokens "
           f"({format_bytes(snap / SNAPSHOT_EVERY)} per token)")
-    print(f"  -> ~{format_bytes(per_token)} per token; 1000 tokens ~ {format_bytes(1000 * per_token + RECENT_SNAPSHOTS * snap)}")
+    print(f"  -> ~{format_bytes(per_token)} per recorded token (arrays + shared + objects + snapshots); "
+          f"1000 tokens ~ {format_bytes(1000 * per_token + RECENT_SNAPSHOTS * snap)}")
 
     # A branch: back 10 tokens, force another token (restore from a snapshot and replay, then one step).
     fresh.goto(len(fresh.frames) - 11)

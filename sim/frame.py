@@ -137,16 +137,26 @@ class Frame:
     def kda_for(self, layer: int) -> KDARecord | None:
         return next((r for r in self.kda if r.layer == layer), None)
 
+    def arrays(self) -> list[np.ndarray]:
+        """The numpy arrays this frame holds, each once: a recorded frame's StepArrays (sim/framestore.py:
+        the step's stacked arrays and the shared selection biases) or, for records built from arrays
+        (sim.runfile, tests), their fields."""
+        held: dict[int, np.ndarray] = {}
+        for a in (self.top_ids, self.top_probs):
+            held[id(a)] = a
+        for records in (self.routing, self.kda, self.depth):
+            for r in records:
+                step = getattr(r, "_step", None)
+                for a in (step.arrays() if step is not None else
+                          (getattr(r, f.name) for f in fields(r))):
+                    if isinstance(a, np.ndarray):
+                        held.setdefault(id(a), a)
+        return list(held.values())
+
     def nbytes(self) -> int:
-        """Approximate memory held by this frame's arrays."""
-        total = self.top_ids.nbytes + self.top_probs.nbytes
-        for r in self.routing:
-            total += r.scores.nbytes + r.bias.nbytes + r.expert_ids.nbytes + r.weights.nbytes
-        for r in self.kda:
-            total += r.state.nbytes + r.decay.nbytes + r.beta.nbytes + r.state_norm.nbytes + r.correction_norm.nbytes
-        for r in self.depth:
-            total += r.weights.nbytes
-        return total
+        """Bytes of the arrays this frame holds (`arrays()`). Arrays shared with other frames (the selection
+        bias) count in full here; bench/bench_sim.py counts them once per timeline."""
+        return sum(a.nbytes for a in self.arrays())
 
     def same_as(self, other: "Frame") -> bool:
         """Equal in everything the model computed (ids, arrays, bytes), ignoring wall times and how
@@ -169,7 +179,9 @@ def _same(a, b) -> bool:
         return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
                 and a.dtype == b.dtype and np.array_equal(a, b))
     if is_dataclass(a) and not isinstance(a, type):
-        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+        # fields(), not type(): a recorded record (sim/framestore.py) and one built from arrays compare alike
+        return (is_dataclass(b) and fields(a) == fields(b)
+                and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a)))
     if isinstance(a, (tuple, list)):
         return isinstance(b, (tuple, list)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b

@@ -4,11 +4,13 @@ The model calls `record(event, layer, **tensors)` once per sublayer (see tiny_k3
 Recording does no tensor work per event: it keeps references to the step's tensors (the model makes new
 ones every step and never updates them in place) in a NamedTuple per event. `finish()` then works per
 kind of record, not per layer: one stack of every KDA state of the step, one of every score vector, one
-reduction for every RMS, ... and one transfer to the CPU per kind, handing out read-only numpy views.
+reduction for every RMS, ... and one transfer to the CPU per kind, into one StepArrays (sim/framestore.py)
+that the step's records are thin read-only views of.
 
 Stored precision: the KDA state display copy is float16 (its norms stay exact, float32). The router's
-scores stay float32: views rank them against the chosen ids (which expert won only thanks to the bias)
-and lesson 6 checks weights == s[ids] / sum(s[ids]), both of which float16 would break for near-ties.
+scores are exact float32 (packed losslessly): views rank them against the chosen ids (which expert won
+only thanks to the bias), show any expert's score, shade the grid by it, and lesson 6 checks
+weights == s[ids] / sum(s[ids]); float16 would break near-ties in all of these.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import torch
 from tiny_k3.probe import Recorder
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
+from .framestore import (PackedFloats, StepArrays, StoredDepth, StoredKDA, StoredRouting, StoredSublayer, id_dtype,
+                         read_only)
 
-_EMPTY = np.zeros(0, np.float32)
-_EMPTY.flags.writeable = False
+_EMPTY = read_only(np.zeros(0, np.float32))
 
 
 class EmbedEvent(NamedTuple):
@@ -73,9 +76,7 @@ class StepRecord(NamedTuple):
 
 def _numpy(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> np.ndarray:
     """One tensor -> a read-only numpy array of `dtype` (one transfer when it lives on a GPU)."""
-    a = t.detach().to(dtype).cpu().numpy()
-    a.flags.writeable = False
-    return a
+    return read_only(t.detach().to(dtype).cpu().numpy())
 
 
 class FrameRecorder(Recorder):
@@ -95,9 +96,10 @@ class FrameRecorder(Recorder):
         self.logits: torch.Tensor | None = None
 
     def _bias(self, layer: int, bias: torch.Tensor | None, num_experts: int) -> np.ndarray:
-        if bias is None:
-            bias = torch.zeros(num_experts)
-        key = (bias.data_ptr(), bias._version)
+        if bias is None:   # no selection bias (NoSelectionBias): one shared zero array per layer
+            key, bias = ("zeros", num_experts), torch.zeros(num_experts)
+        else:
+            key = (bias.data_ptr(), bias._version)
         hit = self._bias_cache.get(layer)
         if hit is None or hit[0] != key:
             hit = self._bias_cache[layer] = (key, _numpy(bias.detach().clone()))
@@ -123,31 +125,41 @@ class FrameRecorder(Recorder):
             self.logits = d["logits"][0, -1]
 
     def finish(self) -> StepRecord:
-        """The recorded step as numpy records (one batched computation and transfer per kind of record)."""
+        """The recorded step as numpy records: one batched computation and transfer per kind of record into
+        one StepArrays (sim/framestore.py), the records thin views of it."""
         rms_of = [e.x for e in (self.embed,) if e is not None] + [e.h for e in self.depth] + \
                  [e.out for e in self.sublayers]
-        rms = (torch.stack(rms_of).float().pow(2).mean(-1).sqrt().tolist() if rms_of else [])
-        embed_norm = rms.pop(0) if self.embed is not None else 0.0
-        depth_rms, sub_rms = rms[:len(self.depth)], rms[len(self.depth):]
+        rms = _numpy(torch.stack(rms_of).float().pow(2).mean(-1).sqrt()) if rms_of else _EMPTY
+        first = 1 if self.embed is not None else 0
+        embed_norm = float(rms[0]) if first else 0.0
+        h_norms, out_norms = rms[first:first + len(self.depth)], rms[first + len(self.depth):]
+        depth_weights, depth_offsets = self._depth()
+        state, decay, beta, kda_norms = self._kda()
+        scores, expert_ids, routing_weights = self._routing()
+        step = StepArrays(scores, tuple(e.bias for e in self.moe), expert_ids, routing_weights, state, decay, beta,
+                          kda_norms, depth_weights, depth_offsets, h_norms, out_norms)
         logits = _numpy(self.logits) if self.logits is not None else _EMPTY
-        return StepRecord(embed_norm, self._depth(depth_rms), self._kda(), self._routing(),
-                          tuple(SublayerRecord(e.layer, e.site, e.kind, r) for e, r in zip(self.sublayers, sub_rms)),
-                          logits)
+        return StepRecord(
+            embed_norm,
+            tuple(StoredDepth(step, i, e.layer, e.site) for i, e in enumerate(self.depth)),
+            tuple(StoredKDA(step, i, e.layer) for i, e in enumerate(self.kda)),
+            tuple(StoredRouting(step, i, e.layer) for i, e in enumerate(self.moe)),
+            tuple(StoredSublayer(step, i, e.layer, e.site, e.kind) for i, e in enumerate(self.sublayers)),
+            logits)
 
-    def _depth(self, h_norms: list[float]) -> tuple[DepthRecord, ...]:
+    def _depth(self) -> tuple[np.ndarray, np.ndarray]:
+        """(every read's weights concatenated [sum N] float32, offsets [reads + 1] int64)."""
         read = [e.weights.reshape(-1) for e in self.depth if e.weights is not None]
         flat = _numpy(torch.cat(read)) if read else _EMPTY
-        out, offset = [], 0
-        for e, h_norm in zip(self.depth, h_norms):
-            n = 0 if e.weights is None else e.weights.numel()
-            out.append(DepthRecord(e.layer, e.site, flat[offset:offset + n] if n else _EMPTY, h_norm))
-            offset += n
-        return tuple(out)
+        sizes = [0 if e.weights is None else e.weights.numel() for e in self.depth]
+        return flat, read_only(np.cumsum([0] + sizes, dtype=np.int64))
 
-    def _kda(self) -> tuple[KDARecord, ...]:
-        """State display copies, decay alpha_t = exp(g_t), beta, ||S_t|| and the delta-rule write's norm."""
+    def _kda(self) -> tuple[np.ndarray, ...]:
+        """State display copies [L, H, K, V] float16, decay alpha_t = exp(g_t) [L, H, K], beta [L, H], and
+        [2, L, H]: ||S_t|| and the delta-rule write's norm."""
         if not self.kda:
-            return ()
+            return (read_only(np.zeros((0, 0, 0, 0), np.float16)), read_only(np.zeros((0, 0, 0), np.float32)),
+                    read_only(np.zeros((0, 0), np.float32)), read_only(np.zeros((2, 0, 0), np.float32)))
         state = torch.stack([e.state for e in self.kda]).float()                      # [L, H, K, V]
         decay = torch.stack([e.g for e in self.kda]).float().exp()                     # [L, H, K]
         prev = torch.stack([torch.zeros_like(e.state) if e.prev_state is None else e.prev_state
@@ -155,16 +167,16 @@ class FrameRecorder(Recorder):
         # What this token changed beyond decaying: S_t - Diag(alpha_t) S_{t-1} (kda.md §1).
         write = state - decay[..., None] * prev
         norms = torch.linalg.vector_norm(torch.stack([state, write]), dim=(-2, -1))    # [2, L, H]
-        state16, decay, beta = _numpy(state, torch.float16), _numpy(decay), _numpy(torch.stack([e.beta for e in self.kda]))
-        norms = _numpy(norms)
-        return tuple(KDARecord(e.layer, state16[i], decay[i], beta[i], norms[0, i], norms[1, i])
-                     for i, e in enumerate(self.kda))
+        return (_numpy(state, torch.float16), _numpy(decay), _numpy(torch.stack([e.beta for e in self.kda])),
+                _numpy(norms))
 
-    def _routing(self) -> tuple[RoutingRecord, ...]:
+    def _routing(self) -> tuple[PackedFloats, np.ndarray, np.ndarray]:
+        """(scores [R, E] packed losslessly, expert ids [R, k] int16, weights [R, k] float32)."""
         if not self.moe:
-            return ()
-        scores = _numpy(torch.stack([e.scores for e in self.moe]))                     # [L, E]
-        ids = torch.stack([e.expert_ids for e in self.moe]).detach().cpu().numpy().astype(np.int64)
-        ids.flags.writeable = False
+            return (PackedFloats.pack(np.zeros((0, 0), np.float32)), read_only(np.zeros((0, 0), np.int16)),
+                    read_only(np.zeros((0, 0), np.float32)))
+        scores = torch.stack([e.scores for e in self.moe]).detach().float().cpu().numpy()    # [R, E]
+        ids = torch.stack([e.expert_ids for e in self.moe]).detach().cpu().numpy()
+        ids = read_only(ids.astype(id_dtype(scores.shape[1])))
         weights = _numpy(torch.stack([e.weights for e in self.moe]))
-        return tuple(RoutingRecord(e.layer, scores[i], e.bias, ids[i], weights[i]) for i, e in enumerate(self.moe))
+        return PackedFloats.pack(scores), ids, weights

@@ -1,0 +1,163 @@
+"""sim.framestore: the compact store behind recorded Frames loses nothing a view uses.
+
+1. PackedFloats gives back every float32 bit for bit (packed rows, exceptions, the plain fallback).
+2. A recorded Frame (StepArrays + thin records) equals, field by field and bit for bit, the plain float32 /
+   float16 records built straight from the model's events (TraceRecorder), and every picture (sim.render),
+   the TUI's expert line and the what-if menu's runners-up come out the same from both.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+from sim import Simulation, render
+from sim.frame import Choice, DepthRecord, KDARecord, RoutingRecord, SublayerRecord
+from sim.framestore import PackedFloats, StoredRouting
+from tiny_k3.probe import TraceRecorder
+
+
+def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+# ---------------------------------------------------------------------------- PackedFloats
+
+
+def test_packed_scores_round_trip_bit_for_bit_in_three_bytes_a_value():
+    rng = np.random.default_rng(0)
+    a = torch.sigmoid(torch.randn(12, 896) * 0.5).numpy()
+    a[3, 7] = 1e-7                               # far below its row's largest: an exception, kept whole
+    p = PackedFloats.pack(a)
+    assert p.raw is None and len(p.where) >= 1
+    assert all(bits_equal(p.row(i), a[i]) for i in range(len(a)))
+    assert sum(x.nbytes for x in p.arrays()) < 0.8 * a.nbytes
+    assert not p.row(0).flags.writeable
+    b = rng.standard_normal((3, 50)).astype(np.float32)
+    b[0, :4] = [0.0, -0.0, np.inf, np.nan]
+    b[1, :2] = [np.float32(1e-45), -np.float32(1e-45)]   # subnormals
+    q = PackedFloats.pack(b)
+    assert all(bits_equal(q.row(i), b[i]) for i in range(len(b)))
+
+
+def test_packing_falls_back_to_plain_float32_when_values_span_too_many_binades():
+    a = np.logspace(-30, 0, 64, dtype=np.float32).reshape(2, 32)
+    p = PackedFloats.pack(a)
+    assert p.raw is not None and all(bits_equal(p.row(i), a[i]) for i in range(2))
+    empty = PackedFloats.pack(np.zeros((0, 0), np.float32))
+    assert empty.shape == (0, 0)
+    with pytest.raises(ValueError, match="rows, columns"):
+        PackedFloats.pack(np.zeros(3, np.float32))
+
+
+# ---------------------------------------------------------------------------- recorded frame vs plain records
+
+
+@pytest.fixture(scope="module")
+def frames():
+    """(recorded Frame, the same Frame with plain records from the raw events) for two steps of `small`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    sim = Simulation("small", "k=4; m=", weights="random")
+    out = []
+    cache, twin = sim._cache, sim._twin_cache
+    for token in (ord("7"), ord(";")):
+        trace = TraceRecorder()
+        frame, _, cache, twin = sim._compute_frame(len(sim.frames) + len(out), token, Choice.forced(65), False,
+                                                   cache, twin, watch=trace)
+        out.append((frame, plain_frame(frame, trace), trace))
+    torch.set_num_threads(before)
+    return sim, out
+
+
+def plain_frame(frame, trace: TraceRecorder):
+    """`frame` with every record rebuilt as plain arrays from the model's own tensors (how the recorder kept
+    them before the store: scores float32, ids int64, state float16, ...)."""
+    routing = tuple(RoutingRecord(layer, d["scores"][0, -1].float().numpy(), d["bias"].float().numpy(),
+                                  d["expert_ids"][0, -1].numpy().astype(np.int64), d["weights"][0, -1].float().numpy())
+                    for layer, d in trace.of("moe"))
+    g = torch.stack([d["g"][0, -1] for _, d in trace.of("kda")]).float()
+    decay = g.exp().numpy()                    # as the recorder computes it: one exp over the stacked layers
+    kda = tuple(KDARecord(layer, d["state"][0].to(torch.float16).numpy(), decay[i], d["beta"][0, -1].float().numpy(),
+                          np.array(r.state_norm), np.array(r.correction_norm))
+                for i, ((layer, d), r) in enumerate(zip(trace.of("kda"), frame.kda)))
+    depth = tuple(DepthRecord(layer, d["site"],
+                              np.zeros(0, np.float32) if d["weights"] is None else d["weights"][0, -1].float().numpy(),
+                              r.h_norm) for (layer, d), r in zip(trace.of("depth"), frame.depth))
+    subs = tuple(SublayerRecord(r.layer, r.site, r.kind, r.out_norm) for r in frame.sublayers)
+    return dataclasses.replace(frame, routing=routing, kda=kda, depth=depth, sublayers=subs)
+
+
+def test_recorded_records_equal_the_raw_events_bit_for_bit(frames):
+    _, pairs = frames
+    for stored, plain, trace in pairs:
+        assert stored.same_as(plain) and plain.same_as(stored)
+        assert all(isinstance(r, StoredRouting) for r in stored.routing)
+        for a, b in zip(stored.routing, plain.routing):
+            assert all(bits_equal(getattr(a, f), getattr(b, f)) for f in ("scores", "bias", "expert_ids", "weights"))
+            assert not a.scores.flags.writeable and not a.expert_ids.flags.writeable
+        for a, b in zip(stored.kda, plain.kda):
+            assert all(bits_equal(getattr(a, f), getattr(b, f)) for f in ("state", "decay", "beta"))
+        for a, b in zip(stored.depth, plain.depth):
+            assert (a.layer, a.site) == (b.layer, b.site) and bits_equal(a.weights, b.weights)
+        rms = [float(d["h"][0, -1].double().pow(2).mean().sqrt()) for _, d in trace.of("depth")]
+        np.testing.assert_allclose([r.h_norm for r in stored.depth], rms, rtol=1e-6)
+        rms = [float(d["out"][0, -1].double().pow(2).mean().sqrt()) for _, d in trace.of("sublayer")]
+        np.testing.assert_allclose([s.out_norm for s in stored.sublayers], rms, rtol=1e-6)
+        assert all(type(s.out_norm) is float and type(d.h_norm) is float for s, d in zip(stored.sublayers, stored.depth))
+
+
+def test_a_changed_array_is_seen_by_same_as(frames):
+    _, [(stored, plain, _), _] = frames
+    r = plain.routing[2]
+    scores = r.scores.copy()
+    scores[5] = np.nextafter(scores[5], np.float32(1))        # one ulp
+    changed = dataclasses.replace(plain, routing=plain.routing[:2] + (dataclasses.replace(r, scores=scores),)
+                                  + plain.routing[3:])
+    assert not stored.same_as(changed)
+
+
+def _text(renderable, color: bool) -> str:
+    console = Console(record=True, width=160, color_system="truecolor" if color else None, force_terminal=color)
+    console.print(renderable)
+    return console.export_text(styles=color)
+
+
+def test_every_view_is_the_same_from_the_store_and_from_the_plain_records(frames):
+    from tui_app.panels import _expert_line
+
+    sim, pairs = frames
+    cfg = sim.config
+    for stored, plain, _ in pairs:
+        for a, b in zip(stored.routing, plain.routing):
+            for pic in (lambda r: render.expert_grid(r, legend=True), render.topk_table):
+                assert _text(pic(a), True) == _text(pic(b), True) and _text(pic(a), False) == _text(pic(b), False)
+            load = np.arange(cfg.num_experts)
+            assert [str(_expert_line(a, load, e)) for e in range(cfg.num_experts)] == \
+                   [str(_expert_line(b, load, e)) for e in range(cfg.num_experts)]
+            # the what-if menu's "next in line" and lesson 6's checks read these
+            runners = [np.argsort(-(r.scores + r.bias), kind="stable")[cfg.top_k:2 * cfg.top_k] for r in (a, b)]
+            assert np.array_equal(*runners)
+            assert bits_equal(a.scores[a.expert_ids] / a.scores[a.expert_ids].sum(),
+                              b.scores[b.expert_ids] / b.scores[b.expert_ids].sum())
+        for a, b in zip(stored.kda, plain.kda):
+            for h in range(cfg.kda_heads):
+                for color in (True, False):
+                    assert _text(render.state_heatmap(a.state[h]), color) == _text(render.state_heatmap(b.state[h]), color)
+                    assert _text(render.decay_beta_bars(a, h), color) == _text(render.decay_beta_bars(b, h), color)
+        for color in (True, False):
+            assert _text(render.depth_heatmap(stored), color) == _text(render.depth_heatmap(plain), color)
+            assert _text(render.memory_bars(stored, cfg), color) == _text(render.memory_bars(plain, cfg), color)
+
+
+def test_frame_arrays_and_nbytes_count_the_store_once(frames):
+    _, [(stored, plain, _), (second, _, _)] = frames
+    held = stored.arrays()
+    assert len({id(a) for a in held}) == len(held)
+    assert stored.nbytes() == sum(a.nbytes for a in held)
+    # the store is smaller than the plain records it stands for, and the bias arrays are shared by both steps
+    assert stored.nbytes() < plain.nbytes()
+    assert all(a.bias is b.bias for a, b in zip(stored.routing, second.routing))
+    assert {id(r.bias) for r in stored.routing} <= {id(a) for a in held}
