@@ -59,15 +59,19 @@ def held_arrays(frame) -> dict[int, np.ndarray]:
     return roots
 
 
-def frame_bytes(frames, traced: float) -> tuple[float, float, float]:
+def frame_bytes(frames, traced: float, snapshots: dict) -> tuple[float, float, float]:
     """(bytes of the arrays each held by one frame, bytes of the arrays several frames share (the selection
     bias) counted once, bytes of Python objects) for the whole list. traced: what tracemalloc saw while the
-    frames were made; it sees numpy's own buffers too (not torch's), so those are taken out of it."""
+    frames were made; it sees numpy's own buffers too (not torch's), so those are taken out of it. A KDA
+    keyframe that is a view of a branching snapshot (sim/framestore.py) is the snapshot's memory: the
+    snapshots are counted on their own, so such arrays are left out here."""
+    in_snapshots = {c.state.data_ptr() for snap in snapshots.values() for c in snap.values()}
     roots: dict[int, np.ndarray] = {}
     uses: dict[int, int] = {}
     for f in frames:
         for i, a in held_arrays(f).items():
-            roots[i], uses[i] = a, uses.get(i, 0) + 1
+            if a.__array_interface__["data"][0] not in in_snapshots:
+                roots[i], uses[i] = a, uses.get(i, 0) + 1
     own = sum(a.nbytes for i, a in roots.items() if uses[i] == 1)
     shared = sum(a.nbytes for i, a in roots.items() if uses[i] > 1)
     numpy_owned = sum(a.nbytes for a in roots.values() if a.base is None)
@@ -126,7 +130,7 @@ def bench(preset: str, device: str, steps: int) -> None:
     py_bytes = (tracemalloc.get_traced_memory()[0] - before) / n
     tracemalloc.stop()
     new = fresh.frames[frames0:]
-    own, shared, objects = (b / len(new) for b in frame_bytes(new, py_bytes * n))
+    own, shared, objects = (b / len(new) for b in frame_bytes(new, py_bytes * n, fresh._snapshots))
     nominal = np.mean([f.nbytes() for f in new])
     snap = fresh.frame.memory.state_bytes                  # one snapshot = every KDA state of the sequence
     per_token = own + shared + objects + snap / SNAPSHOT_EVERY

@@ -6,6 +6,13 @@ KDA states' float32 snapshots. Here the step's arrays are stored once, stacked p
 record holds only (its StepArrays, its row): its array fields are properties that hand out a fresh
 read-only view on each access (layer, site and kind stay plain attributes).
 
+KDA states are not stored per token. A decode step's state is kda_step(S_{t-1}, k_t, v_t, g_t, beta_t)
+(tiny_k3/kda.py, the model's own decode function), so a step keeps those inputs ([H, K] each, an eighth of
+a float16 S) and a link to the step before it, and S_t is recomputed on access from a float32 Keyframe at
+most KDA_CHAIN steps back: the session's branching snapshot where one is at hand (its memory, not a copy).
+The recorder recomputes every step this way as it records and keeps the float16 state itself where that
+is not bit for bit the model's (it then starts a new chain), so the recomputation is never a guess.
+
 Nothing is rounded. Every property returns bit for bit what the recorder measured (tests/test_framestore.py
 builds every view from both and compares): expert ids are stored as int16 and handed out as int64, and the
 router's scores are stored losslessly in 3 bytes a value where they allow it (PackedFloats). The records
@@ -15,9 +22,15 @@ stay instances of the public record types (RoutingRecord, ...), so `isinstance`,
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from tiny_k3.kda import kda_step
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
 
@@ -87,19 +100,52 @@ class PackedFloats:
 # ---------------------------------------------------------------------------- one step's arrays
 
 
+KDA_CHAIN = 16        # a recomputed state is at most this many kda_step calls from its keyframe
+
+
 @dataclass(frozen=True, slots=True)
+class Keyframe:
+    """The float32 states [H, K, V] of every KDA layer before a chain's first step (None: a zero state)."""
+
+    states: tuple[np.ndarray | None, ...]
+
+    def state(self, row: int) -> torch.Tensor | None:
+        s = self.states[row]
+        return None if s is None else torch.tensor(s)[None]                # [1, H, K, V]
+
+
+@dataclass(frozen=True, slots=True)
+class KDAInputs:
+    """What kda_step took at every KDA layer of one step (L layers), besides beta (StepArrays.beta)."""
+
+    k: np.ndarray                 # [L, H, K] float32, L2-normalised keys
+    v: np.ndarray                 # [L, H, V] float32
+    g: np.ndarray                 # [L, H, K] float32 log decay
+
+    def advance(self, row: int, beta: np.ndarray, state: torch.Tensor | None) -> torch.Tensor:
+        """[1, H, K, V] float32: layer `row`'s state after this step, from the one before it (None: zeros)."""
+        k, v, g, b = (torch.tensor(a)[None, None] for a in (self.k[row], self.v[row], self.g[row], beta))
+        _, state = kda_step(torch.zeros_like(k), k, v, g, b, initial_state=state, output_final_state=True)
+        return state
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class StepArrays:
     """Every record array of one decode step, stacked per kind (R MoE, L KDA layers, N depth reads, S sublayers).
 
     bias holds one array per MoE layer, shared between the frames of a timeline while the bias is unchanged.
+    KDA states: `state` when kept as they are, else recomputed from `kda_inputs` after `kda_from` (the step
+    before, or the chain's Keyframe); `kda_depth` counts the steps since that keyframe (0 for the first).
     """
 
     scores: PackedFloats          # [R, E] unbiased sigmoid affinities
     bias: tuple[np.ndarray, ...]  # R x [E] float32 selection bias (shared)
     expert_ids: np.ndarray        # [R, k] int16 (int32 beyond 32767 experts)
     routing_weights: np.ndarray   # [R, k] float32
-    state: np.ndarray             # [L, H, K, V] float16 display copies of S_t
-    decay: np.ndarray             # [L, H, K] float32
+    state: np.ndarray | None      # [L, H, K, V] float16 display copies of S_t, or None: recomputed
+    kda_inputs: KDAInputs | None
+    kda_from: "StepArrays | Keyframe | None"
+    kda_depth: int
     beta: np.ndarray              # [L, H] float32
     kda_norms: np.ndarray         # [2, L, H] float32: ||S_t||, ||S_t - Diag(alpha_t) S_{t-1}||
     depth_weights: np.ndarray     # [sum N_i] float32, the reads' weights concatenated
@@ -108,9 +154,85 @@ class StepArrays:
     out_norms: np.ndarray         # [S] float32 RMS of each sublayer's output
 
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """The arrays this step holds (the shared biases included), for memory accounting."""
-        return (*self.scores.arrays(), *self.bias, self.expert_ids, self.routing_weights, self.state, self.decay,
+        """The arrays this step holds (the shared biases and a chain's keyframe included), for memory accounting."""
+        kda = () if self.kda_inputs is None else (self.kda_inputs.k, self.kda_inputs.v, self.kda_inputs.g)
+        key = tuple(a for a in self.kda_from.states if a is not None) if isinstance(self.kda_from, Keyframe) else ()
+        explicit = () if self.state is None else (self.state,)
+        return (*self.scores.arrays(), *self.bias, self.expert_ids, self.routing_weights, *explicit, *kda, *key,
                 self.beta, self.kda_norms, self.depth_weights, self.depth_offsets, self.h_norms, self.out_norms)
+
+    def decay(self) -> np.ndarray:
+        """[L, H, K] float32 alpha_t = exp(g_t), computed as the recorder computes it (one exp over all layers)."""
+        return read_only(torch.tensor(self.kda_inputs.g).exp().numpy())
+
+    def state16(self, row: int) -> np.ndarray:
+        """[H, K, V] float16: layer `row`'s state S_t display copy."""
+        if self.state is not None:
+            return self.state[row]
+        return read_only(self.state32(row)[0].to(torch.float16).numpy())
+
+    def state32(self, row: int) -> torch.Tensor:
+        """[1, H, K, V] float32: layer `row`'s S_t, recomputed from the nearest keyframe or recent result."""
+        todo, step = [], self
+        while True:
+            state = _recent(step, row)
+            if state is not None:
+                break
+            todo.append(step)
+            if isinstance(step.kda_from, Keyframe):
+                state = step.kda_from.state(row)
+                break
+            step = step.kda_from
+        for step in reversed(todo):
+            state = step.kda_inputs.advance(row, step.beta[row], state)
+            _remember(step, row, state)
+        return state
+
+
+# The last few recomputed states, (id(step), row) -> (weakref to the step, its [1, H, K, V] state): stepping
+# along one layer recomputes one step. A step that is gone leaves a dead entry, never a wrong one. Locked:
+# a front end's worker thread records while its UI thread reads.
+_RECENT: OrderedDict = OrderedDict()
+_RECENT_LIMIT = 256                    # 256 states (k3-topo: 2 MB)
+_RECENT_LOCK = threading.Lock()
+
+
+def _recent(step: StepArrays, row: int) -> torch.Tensor | None:
+    with _RECENT_LOCK:
+        hit = _RECENT.get((id(step), row))
+    return hit[1] if hit is not None and hit[0]() is step else None
+
+
+def _remember(step: StepArrays, row: int, state: torch.Tensor) -> None:
+    with _RECENT_LOCK:
+        _RECENT[(id(step), row)] = (weakref.ref(step), state)
+        _RECENT.move_to_end((id(step), row))
+        while len(_RECENT) > _RECENT_LIMIT:
+            _RECENT.popitem(last=False)
+
+
+class KDALinks:
+    """The output KDA states (the model's own tensors) of the last few verified steps, so that a new step
+    whose input states are those very tensors links to that step instead of keeping a keyframe. A Simulation
+    owns one, as it owns its bias cache. Holding the tensors keeps their addresses from being reused."""
+
+    def __init__(self, limit: int = 4):
+        self._tails: OrderedDict = OrderedDict()
+        self._limit = limit
+
+    @staticmethod
+    def _key(states) -> tuple:
+        return tuple(None if s is None else (s.data_ptr(), s._version) for s in states)
+
+    def parent(self, prev_states) -> StepArrays | None:
+        """The step whose output states are `prev_states` (per KDA layer, None: a zero state), if kept."""
+        hit = self._tails.get(self._key(prev_states))
+        return None if hit is None else hit[0]
+
+    def add(self, step: StepArrays, states) -> None:
+        self._tails[self._key(states)] = (step, tuple(states))
+        while len(self._tails) > self._limit:
+            self._tails.popitem(last=False)
 
 
 def id_dtype(num_experts: int) -> type:
@@ -149,8 +271,8 @@ class StoredKDA(KDARecord):
     def __init__(self, step: StepArrays, row: int, layer: int):
         _init(self, step, row, layer=layer)
 
-    state = property(lambda self: self._step.state[self._row])
-    decay = property(lambda self: self._step.decay[self._row])
+    state = property(lambda self: self._step.state16(self._row))
+    decay = property(lambda self: self._step.decay()[self._row])
     beta = property(lambda self: self._step.beta[self._row])
     state_norm = property(lambda self: self._step.kda_norms[0, self._row])
     correction_norm = property(lambda self: self._step.kda_norms[1, self._row])

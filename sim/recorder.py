@@ -23,8 +23,8 @@ import torch
 from tiny_k3.probe import Recorder
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
-from .framestore import (PackedFloats, StepArrays, StoredDepth, StoredKDA, StoredRouting, StoredSublayer, id_dtype,
-                         read_only)
+from .framestore import (KDA_CHAIN, KDAInputs, KDALinks, Keyframe, PackedFloats, StepArrays, StoredDepth, StoredKDA,
+                         StoredRouting, StoredSublayer, id_dtype, read_only)
 
 _EMPTY = read_only(np.zeros(0, np.float32))
 
@@ -46,6 +46,8 @@ class KDAEvent(NamedTuple):
     state: torch.Tensor                   # [H, K, V] after it
     g: torch.Tensor                       # [H, K] log decay
     beta: torch.Tensor                    # [H] write strength
+    k: torch.Tensor                       # [H, K] the key kda_step wrote under (L2-normalised)
+    v: torch.Tensor                       # [H, V] the value
 
 
 class MoEEvent(NamedTuple):
@@ -83,11 +85,16 @@ class FrameRecorder(Recorder):
     """Keeps what a Frame needs from one decode step (B = 1, T = 1); see the module docstring.
 
     bias_cache: layer -> ((data_ptr, version), numpy bias), owned by the Simulation, so that frames share
-    one bias array per layer for as long as the bias is unchanged.
+    one bias array per layer for as long as the bias is unchanged. kda_links: the Simulation's KDALinks, so
+    that a step's KDA states are recomputed from the step before (sim/framestore.py); keyframe: layer ->
+    KDAState, the session's snapshot of the states this step starts from, where it has one (a chain that
+    starts here uses its memory instead of a copy, once checked equal).
     """
 
-    def __init__(self, bias_cache: dict):
+    def __init__(self, bias_cache: dict, kda_links: KDALinks | None = None, keyframe: dict | None = None):
         self._bias_cache = bias_cache
+        self._links = KDALinks() if kda_links is None else kda_links
+        self._keyframe = keyframe
         self.embed: EmbedEvent | None = None
         self.depth: list[DepthEvent] = []
         self.kda: list[KDAEvent] = []
@@ -114,7 +121,7 @@ class FrameRecorder(Recorder):
         elif event == "kda":
             prev = d["prev_state"]
             self.kda.append(KDAEvent(layer, None if prev is None else prev[0], d["state"][0], d["g"][0, -1],
-                                     d["beta"][0, -1]))
+                                     d["beta"][0, -1], d["k"][0, -1], d["v"][0, -1]))
         elif event == "moe":
             scores = d["scores"][0, -1]
             self.moe.append(MoEEvent(layer, scores, self._bias(layer, d["bias"], scores.shape[-1]),
@@ -134,10 +141,12 @@ class FrameRecorder(Recorder):
         embed_norm = float(rms[0]) if first else 0.0
         h_norms, out_norms = rms[first:first + len(self.depth)], rms[first + len(self.depth):]
         depth_weights, depth_offsets = self._depth()
-        state, decay, beta, kda_norms = self._kda()
+        kda = self._kda()
         scores, expert_ids, routing_weights = self._routing()
-        step = StepArrays(scores, tuple(e.bias for e in self.moe), expert_ids, routing_weights, state, decay, beta,
-                          kda_norms, depth_weights, depth_offsets, h_norms, out_norms)
+        step = StepArrays(scores, tuple(e.bias for e in self.moe), expert_ids, routing_weights, *kda,
+                          depth_weights, depth_offsets, h_norms, out_norms)
+        if self.kda and step.state is None:     # recomputable: the next step may continue from this one
+            self._links.add(step, [e.state for e in self.kda])
         logits = _numpy(self.logits) if self.logits is not None else _EMPTY
         return StepRecord(
             embed_norm,
@@ -154,21 +163,45 @@ class FrameRecorder(Recorder):
         sizes = [0 if e.weights is None else e.weights.numel() for e in self.depth]
         return flat, read_only(np.cumsum([0] + sizes, dtype=np.int64))
 
-    def _kda(self) -> tuple[np.ndarray, ...]:
-        """State display copies [L, H, K, V] float16, decay alpha_t = exp(g_t) [L, H, K], beta [L, H], and
-        [2, L, H]: ||S_t|| and the delta-rule write's norm."""
+    def _kda(self) -> tuple:
+        """StepArrays' KDA fields: (state or None, KDAInputs, kda_from, kda_depth, beta [L, H], norms [2, L, H]).
+
+        The norms are ||S_t|| and the delta-rule write's norm. The state is kept (float16) only where
+        recomputing it from the step's inputs after the state before it is not bit for bit the model's.
+        """
         if not self.kda:
-            return (read_only(np.zeros((0, 0, 0, 0), np.float16)), read_only(np.zeros((0, 0, 0), np.float32)),
-                    read_only(np.zeros((0, 0), np.float32)), read_only(np.zeros((2, 0, 0), np.float32)))
+            return (read_only(np.zeros((0, 0, 0, 0), np.float16)), None, None, 0, read_only(np.zeros((0, 0), np.float32)),
+                    read_only(np.zeros((2, 0, 0), np.float32)))
         state = torch.stack([e.state for e in self.kda]).float()                      # [L, H, K, V]
-        decay = torch.stack([e.g for e in self.kda]).float().exp()                     # [L, H, K]
+        g = torch.stack([e.g for e in self.kda]).float()                               # [L, H, K]
         prev = torch.stack([torch.zeros_like(e.state) if e.prev_state is None else e.prev_state
                             for e in self.kda]).float()
         # What this token changed beyond decaying: S_t - Diag(alpha_t) S_{t-1} (kda.md §1).
-        write = state - decay[..., None] * prev
-        norms = torch.linalg.vector_norm(torch.stack([state, write]), dim=(-2, -1))    # [2, L, H]
-        return (_numpy(state, torch.float16), _numpy(decay), _numpy(torch.stack([e.beta for e in self.kda])),
-                _numpy(norms))
+        write = state - g.exp()[..., None] * prev
+        norms = _numpy(torch.linalg.vector_norm(torch.stack([state, write]), dim=(-2, -1)))   # [2, L, H]
+        inputs = KDAInputs(_numpy(torch.stack([e.k for e in self.kda])), _numpy(torch.stack([e.v for e in self.kda])),
+                           _numpy(g))
+        beta = _numpy(torch.stack([e.beta for e in self.kda]))
+        kda_from, depth = self._chain()
+        exact = all(torch.equal(inputs.advance(i, beta[i], None if e.prev_state is None else e.prev_state[None]),
+                                e.state[None]) for i, e in enumerate(self.kda))
+        kept = None if exact else _numpy(state, torch.float16)
+        return kept, inputs, kda_from, depth, beta, norms
+
+    def _chain(self) -> tuple:
+        """(kda_from, kda_depth) for this step: the session's snapshot, the step before, or a copied keyframe."""
+        prevs = [e.prev_state for e in self.kda]
+        snap = self._keyframe
+        if snap is not None and all(
+                (p is None and snap.get(e.layer) is None) or
+                (p is not None and snap.get(e.layer) is not None and torch.equal(snap[e.layer].state[0], p))
+                for e, p in zip(self.kda, prevs)):
+            return Keyframe(tuple(None if p is None else read_only(snap[e.layer].state[0].numpy())
+                                  for e, p in zip(self.kda, prevs))), 0
+        parent = self._links.parent(prevs)
+        if parent is not None and parent.kda_depth + 1 < KDA_CHAIN:
+            return parent, parent.kda_depth + 1
+        return Keyframe(tuple(None if p is None else _numpy(p.clone()) for p in prevs)), 0
 
     def _routing(self) -> tuple[PackedFloats, np.ndarray, np.ndarray]:
         """(scores [R, E] packed losslessly, expert ids [R, k] int16, weights [R, k] float32)."""

@@ -34,6 +34,7 @@ from tiny_k3.tokenizer import EOS, decode, encode, token_text
 
 from .frame import Choice, Frame, MemoryRecord, SublayerView
 from .memory import non_negative_int
+from .framestore import KDALinks
 from .recorder import FrameRecorder
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
@@ -165,6 +166,7 @@ class Simulation:
         self._twin_cache = ModelCache(self.config.num_layers)
         self._snapshots: dict[int, dict[int, KDAState]] = {}   # tokens seen -> {KDA layer: state after them}
         self._bias_cache: dict = {}
+        self._kda_links = KDALinks()                 # frames' KDA states are recomputed from the step before
         for i, tok in enumerate(ids):
             choice = (Choice.forced(ids[i + 1]) if i + 1 < len(ids)
                       else Choice.sampled(self.temperature, self.sample_seed))
@@ -388,7 +390,9 @@ class Simulation:
         in force (a what-if); watch: a second recorder that sees every event too (sim.whatif keeps outputs).
         """
         x = torch.tensor([[token]], device=self.device)
-        recorder = FrameRecorder(self._bias_cache)
+        # A frame at a snapshot position starts its KDA chain from that snapshot (sim/framestore.py).
+        keyframe = self._snapshots.get(position) if position % SNAPSHOT_EVERY == 0 else None
+        recorder = FrameRecorder(self._bias_cache, self._kda_links, keyframe)
         self._sync()
         t0 = time.perf_counter()
         _, cache = self.model(x, cache, recorder=recorder if watch is None else _Tee(recorder, watch), hooks=hooks)
