@@ -30,6 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from sim import Simulation  # noqa: E402
 from sim.memory import format_bytes  # noqa: E402
+from sim import session  # noqa: E402
 from sim.session import RECENT_SNAPSHOTS, SNAPSHOT_EVERY  # noqa: E402
 from tiny_k3.cache import ModelCache  # noqa: E402
 from tiny_k3.config import DEFAULT_PROMPT as PROMPT  # noqa: E402
@@ -37,6 +38,7 @@ from tiny_k3.config import DEFAULT_PROMPT as PROMPT  # noqa: E402
 # --clock cpu: process CPU time instead of wall time, for a machine that other work keeps busy (a preempted
 # process loses wall time but not CPU time). With several threads CPU time adds the threads up: use wall there.
 CLOCK = time.perf_counter
+MEMORY_TOKENS = 32   # tokens recorded for the bytes per token (the once-per-timeline bias is amortised over them)
 
 
 def _arrays(frame) -> list[np.ndarray]:
@@ -65,7 +67,7 @@ def frame_bytes(frames, traced: float, snapshots: dict) -> tuple[float, float, f
     frames were made; it sees numpy's own buffers too (not torch's), so those are taken out of it. A KDA
     keyframe that is a view of a branching snapshot (sim/framestore.py) is the snapshot's memory: the
     snapshots are counted on their own, so such arrays are left out here."""
-    in_snapshots = {c.state.data_ptr() for snap in snapshots.values() for c in snap.values()}
+    in_snapshots = {c.state.data_ptr() for snap in snapshots.values() for c in snap.values() if hasattr(c, "state")}
     roots: dict[int, np.ndarray] = {}
     uses: dict[int, int] = {}
     for f in frames:
@@ -120,8 +122,21 @@ def bench(preset: str, device: str, steps: int) -> None:
     print(f"  with the twin: step() / (bare hybrid + bare twin) = "
           f"{ms['step()'] / (ms['bare hybrid'] + ms['bare twin']):.2f}x")
 
-    # Bytes per frame, on a fresh simulation so the counts are of frames alone.
-    n = min(steps, 32)
+    fresh = bench_memory(preset, device, MEMORY_TOKENS)
+
+    # A branch: back 10 tokens, force another token (restore from a snapshot and replay, then one step).
+    fresh.goto(len(fresh.frames) - 11)
+    sync()
+    t = CLOCK()
+    fresh.step(force_token=33 if fresh.frame.token_id != 33 else 34)
+    sync()
+    print(f"  branch 10 tokens back: {1e3 * (CLOCK() - t):.1f} ms "
+          f"(vs {ms['step()']:.1f} ms for a plain step)")
+    bench_what_if(fresh, sync)
+
+
+def bench_memory(preset: str, device: str, n: int) -> Simulation:
+    """Bytes per recorded token, on a fresh simulation stepped n tokens, so the counts are of frames alone."""
     tracemalloc.start()
     fresh = Simulation(preset, PROMPT, device=device, weights="random")
     before = tracemalloc.get_traced_memory()[0]
@@ -133,26 +148,26 @@ def bench(preset: str, device: str, steps: int) -> None:
     own, shared, objects = (b / len(new) for b in frame_bytes(new, py_bytes * n, fresh._snapshots))
     nominal = np.mean([f.nbytes() for f in new])
     snap = fresh.frame.memory.state_bytes                  # one snapshot = every KDA state of the sequence
-    per_token = own + shared + objects + snap / SNAPSHOT_EVERY
-    print(f"  bytes per Frame: arrays {format_bytes(own)} + shared {format_bytes(shared)} (the selection bias, "
-          f"{format_bytes(shared * len(new))} held once by all {len(new)} frames, amortised over them; nbytes() "
-          f"{format_bytes(nominal)} counts it in every frame), Python objects ~{format_bytes(objects)} (tracemalloc, "
-          f"less numpy's own buffers)")
-    print(f"  KDA snapshots for branching: {format_bytes(snap)} each; a fixed ring of the last {RECENT_SNAPSHOTS} "
-          f"({format_bytes(RECENT_SNAPSHOTS * snap)}) + one per {SNAPSHOT_EVERY} tokens "
-          f"({format_bytes(snap / SNAPSHOT_EVERY)} per token)")
-    print(f"  -> ~{format_bytes(per_token)} per recorded token (arrays + shared + objects + snapshots); "
-          f"1000 tokens ~ {format_bytes(1000 * per_token + RECENT_SNAPSHOTS * snap)}")
+    # Kept snapshots: one every SNAPSHOT_EVERY tokens; of those, one every KEYFRAME_EVERY keeps the states
+    # whole (the frames' KDA states are recomputed from it), the others only the conv tails (S recomputed
+    # from their frame on a restore). Without KEYFRAME_EVERY (an older tree) every kept one is whole.
+    every = getattr(session, "KEYFRAME_EVERY", SNAPSHOT_EVERY)
+    conv = sum(c.conv.numel() * c.conv.element_size() for c in fresh._snapshots[max(fresh._snapshots)].values())
+    lean = conv if every > SNAPSHOT_EVERY else snap
+    snap_per_token = (snap + (every // SNAPSHOT_EVERY - 1) * lean) / every
+    per_token = own + objects + snap_per_token
+    print(f"  bytes per Frame: arrays {format_bytes(own)}, Python objects ~{format_bytes(objects)} (tracemalloc, "
+          f"less numpy's own buffers); shared by all frames: {format_bytes(shared * len(new))} once per timeline "
+          f"(the selection bias; {format_bytes(shared)} per frame over these {len(new)}; nbytes() "
+          f"{format_bytes(nominal)} counts it in every frame)")
+    print(f"  KDA snapshots for branching: {format_bytes(snap)} whole, {format_bytes(lean)} with the conv tails only; "
+          f"a fixed ring of the last {RECENT_SNAPSHOTS} ({format_bytes(RECENT_SNAPSHOTS * snap)}) + one per "
+          f"{SNAPSHOT_EVERY} tokens, whole one per {every} ({format_bytes(snap_per_token)} per token)")
+    print(f"  -> ~{format_bytes(per_token)} per recorded token (arrays + objects + snapshots; "
+          f"{format_bytes(per_token + shared)} with the shared bias amortised over {len(new)} frames); "
+          f"1000 tokens ~ {format_bytes(1000 * per_token + shared * len(new) + RECENT_SNAPSHOTS * snap)}")
 
-    # A branch: back 10 tokens, force another token (restore from a snapshot and replay, then one step).
-    fresh.goto(len(fresh.frames) - 11)
-    sync()
-    t = CLOCK()
-    fresh.step(force_token=33 if fresh.frame.token_id != 33 else 34)
-    sync()
-    print(f"  branch 10 tokens back: {1e3 * (CLOCK() - t):.1f} ms "
-          f"(vs {ms['step()']:.1f} ms for a plain step)")
-    bench_what_if(fresh, sync)
+    return fresh
 
 
 def bench_what_if(sim: Simulation, sync, steps: int = 8, reps: int = 5) -> None:
@@ -181,13 +196,19 @@ def main() -> None:
                         help="CPU threads (default 1: these sizes are bound by per-op overhead, not FLOPs)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
+    parser.add_argument("--memory-only", action="store_true", help="only the bytes per recorded token (section 2)")
     args = parser.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, clock {args.clock}")
     for preset in args.presets.split(","):
-        bench(preset, args.device, max(4, args.steps // 4) if preset == "k3-topo" else args.steps)
+        steps = max(4, args.steps // 4) if preset == "k3-topo" else args.steps
+        if args.memory_only:
+            print(f"\n== {preset} on {args.device}: memory only")
+            bench_memory(preset, args.device, MEMORY_TOKENS)
+        else:
+            bench(preset, args.device, steps)
 
 
 if __name__ == "__main__":

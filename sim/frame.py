@@ -7,6 +7,7 @@ execution order: for each layer, the attention sublayer then the MLP sublayer, t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
@@ -108,10 +109,12 @@ class Frame:
     token_text: str
     top_ids: np.ndarray       # [5] int64 most likely next tokens
     top_probs: np.ndarray     # [5] float32 their probabilities
-    routing: tuple[RoutingRecord, ...]
-    kda: tuple[KDARecord, ...]
-    depth: tuple[DepthRecord, ...]
-    sublayers: tuple[SublayerRecord, ...]
+    # Records in execution order: a tuple, or for a recorded frame sim.framestore.Records (a tuple's interface,
+    # the records made on access from one compact store per step)
+    routing: Sequence[RoutingRecord]
+    kda: Sequence[KDARecord]
+    depth: Sequence[DepthRecord]
+    sublayers: Sequence[SublayerRecord]
     memory: MemoryRecord
     step_ms: float            # wall time of the hybrid's decode step (with recording)
     twin_step_ms: float       # wall time of the twin's decode step
@@ -132,9 +135,13 @@ class Frame:
         return Choice.forced(self.token_id) if self.forced else Choice.sampled(self.temperature, self.seed)
 
     def routing_for(self, layer: int) -> RoutingRecord | None:
+        if hasattr(self.routing, "for_layer"):     # a recorded frame's Records (sim/framestore.py)
+            return self.routing.for_layer(layer)
         return next((r for r in self.routing if r.layer == layer), None)
 
     def kda_for(self, layer: int) -> KDARecord | None:
+        if hasattr(self.kda, "for_layer"):
+            return self.kda.for_layer(layer)
         return next((r for r in self.kda if r.layer == layer), None)
 
     def arrays(self) -> list[np.ndarray]:
@@ -145,12 +152,13 @@ class Frame:
         for a in (self.top_ids, self.top_probs):
             held[id(a)] = a
         for records in (self.routing, self.kda, self.depth):
-            for r in records:
-                step = getattr(r, "_step", None)
-                for a in (step.arrays() if step is not None else
-                          (getattr(r, f.name) for f in fields(r))):
-                    if isinstance(a, np.ndarray):
-                        held.setdefault(id(a), a)
+            if hasattr(records, "arrays"):             # a recorded frame's Records: the step's arrays
+                parts = records.arrays()
+            else:
+                parts = [getattr(r, f.name) for r in records for f in fields(r)]
+            for a in parts:
+                if isinstance(a, np.ndarray):
+                    held.setdefault(id(a), a)
         return list(held.values())
 
     def nbytes(self) -> int:
@@ -182,8 +190,9 @@ def _same(a, b) -> bool:
         # fields(), not type(): a recorded record (sim/framestore.py) and one built from arrays compare alike
         return (is_dataclass(b) and fields(a) == fields(b)
                 and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a)))
-    if isinstance(a, (tuple, list)):
-        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (tuple, list, Sequence)) and not isinstance(a, str):   # Sequence: sim.framestore.Records
+        return (isinstance(b, (tuple, list, Sequence)) and not isinstance(b, str) and len(a) == len(b)
+                and all(_same(x, y) for x, y in zip(a, b)))
     return a == b
 
 

@@ -4,7 +4,8 @@ Why. A k3-topo token has 92 routing, 69 KDA, 187 depth and 186 sublayer records.
 per field (plus a float object per norm) they cost ~165 KB of Python objects per token, more than the
 KDA states' float32 snapshots. Here the step's arrays are stored once, stacked per kind of record, and a
 record holds only (its StepArrays, its row): its array fields are properties that hand out a fresh
-read-only view on each access (layer, site and kind stay plain attributes).
+read-only view on each access (layer, site and kind stay plain attributes). A frame's records themselves
+are made on access (Records: a tuple's interface) and live only while someone holds them.
 
 KDA states are not stored per token. A decode step's state is kda_step(S_{t-1}, k_t, v_t, g_t, beta_t)
 (tiny_k3/kda.py, the model's own decode function), so a step keeps those inputs ([H, K] each, an eighth of
@@ -22,14 +23,17 @@ stay instances of the public record types (RoutingRecord, ...), so `isinstance`,
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from tiny_k3.cache import KDAState, tensor_bytes
 from tiny_k3.kda import kda_step
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
@@ -100,7 +104,7 @@ class PackedFloats:
 # ---------------------------------------------------------------------------- one step's arrays
 
 
-KDA_CHAIN = 16        # a recomputed state is at most this many kda_step calls from its keyframe
+KDA_CHAIN = 64        # a recomputed state is at most this many kda_step calls from its keyframe (~2 ms cold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,7 @@ class StepArrays:
     depth_offsets: np.ndarray     # [N + 1] int64: read i is depth_weights[offsets[i]:offsets[i + 1]]
     h_norms: np.ndarray           # [N] float32 RMS of each read's h
     out_norms: np.ndarray         # [S] float32 RMS of each sublayer's output
+    layout: "Layout"              # what each row is (layers, sites, kinds): one object shared by the timeline
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The arrays this step holds (the shared biases and a chain's keyframe included), for memory accounting."""
@@ -225,14 +230,31 @@ class KDALinks:
         return tuple(None if s is None else (s.data_ptr(), s._version) for s in states)
 
     def parent(self, prev_states) -> StepArrays | None:
-        """The step whose output states are `prev_states` (per KDA layer, None: a zero state), if kept."""
-        hit = self._tails.get(self._key(prev_states))
+        """The step whose output states are `prev_states` (per KDA layer, None: a zero state), if kept; it
+        is handed out once (the step that continues it becomes the tail)."""
+        hit = self._tails.pop(self._key(prev_states), None)
         return None if hit is None else hit[0]
 
     def add(self, step: StepArrays, states) -> None:
         self._tails[self._key(states)] = (step, tuple(states))
         while len(self._tails) > self._limit:
             self._tails.popitem(last=False)
+
+
+class LeanKDAState:
+    """A branching snapshot of one KDA layer that keeps only the conv tail: its S is the state its frame's
+    record recomputes (`record`, a StoredKDA). `clone()` gives the KDAState a restore needs."""
+
+    __slots__ = ("conv", "record")
+
+    def __init__(self, conv: torch.Tensor, record):
+        self.conv, self.record = conv, record
+
+    def clone(self) -> KDAState:
+        return KDAState(self.record._step.state32(self.record._row).clone(), self.conv.clone())
+
+    def nbytes(self) -> int:
+        return tensor_bytes(self.conv)
 
 
 def id_dtype(num_experts: int) -> type:
@@ -252,7 +274,7 @@ def _init(record, step: StepArrays, row: int, **plain) -> None:
 class StoredRouting(RoutingRecord):
     """A RoutingRecord whose arrays are row `_row` of a StepArrays."""
 
-    __slots__ = ("_step", "_row")
+    __slots__ = ("_step", "_row", "__weakref__")
 
     def __init__(self, step: StepArrays, row: int, layer: int):
         _init(self, step, row, layer=layer)
@@ -266,7 +288,7 @@ class StoredRouting(RoutingRecord):
 class StoredKDA(KDARecord):
     """A KDARecord whose arrays are row `_row` of a StepArrays."""
 
-    __slots__ = ("_step", "_row")
+    __slots__ = ("_step", "_row", "__weakref__")
 
     def __init__(self, step: StepArrays, row: int, layer: int):
         _init(self, step, row, layer=layer)
@@ -281,7 +303,7 @@ class StoredKDA(KDARecord):
 class StoredDepth(DepthRecord):
     """A DepthRecord whose weights and h_norm are read `_row` of a StepArrays."""
 
-    __slots__ = ("_step", "_row")
+    __slots__ = ("_step", "_row", "__weakref__")
 
     def __init__(self, step: StepArrays, row: int, layer: int, site: str):
         _init(self, step, row, layer=layer, site=site)
@@ -297,7 +319,7 @@ class StoredDepth(DepthRecord):
 class StoredSublayer(SublayerRecord):
     """A SublayerRecord whose out_norm is entry `_row` of a StepArrays."""
 
-    __slots__ = ("_step", "_row")
+    __slots__ = ("_step", "_row", "__weakref__")
 
     def __init__(self, step: StepArrays, row: int, layer: int, site: str, kind: str):
         _init(self, step, row, layer=layer, site=site, kind=kind)
@@ -306,3 +328,81 @@ class StoredSublayer(SublayerRecord):
 
 
 STORED = (StoredRouting, StoredKDA, StoredDepth, StoredSublayer)
+
+
+# ---------------------------------------------------------------------------- a frame's records, made on access
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What each row of a step's StepArrays is, per kind of record: the arguments after (step, row) of its
+    Stored* record. Equal layouts are one object (`Layout.of`), so frames share it."""
+
+    routing: tuple[tuple[int], ...]              # (layer,)
+    kda: tuple[tuple[int], ...]                  # (layer,)
+    depth: tuple[tuple[int, str], ...]           # (layer, site)
+    sublayers: tuple[tuple[int, str, str], ...]  # (layer, site, kind)
+    routing_rows: dict                           # layer -> row
+    kda_rows: dict
+
+    @staticmethod
+    def of(routing, kda, depth, sublayers) -> "Layout":
+        key = (tuple(routing), tuple(kda), tuple(depth), tuple(sublayers))
+        with _LIVE_LOCK:
+            hit = _LAYOUTS.get(key)
+            if hit is None:
+                hit = _LAYOUTS[key] = Layout(*key, {a[0]: i for i, a in enumerate(key[0])},
+                                             {a[0]: i for i, a in enumerate(key[1])})
+        return hit
+
+
+_LAYOUTS: dict = {}
+_MAKE = {"routing": StoredRouting, "kda": StoredKDA, "depth": StoredDepth, "sublayers": StoredSublayer}
+# (id(step), kind, row) -> the record, for as long as anyone holds it: a held record keeps its step alive,
+# so its id cannot be reused meanwhile.
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_LIVE_LOCK = threading.Lock()
+
+
+class Records(Sequence):
+    """One kind of a recorded frame's records (routing, kda, depth or sublayers), made on access from the
+    step's StepArrays: a read-only tuple's interface (len, index, slice, iterate) without keeping a ~90-byte
+    object per record per token (k3-topo: 535 a token). A record is the same object for as long as anyone
+    holds it, so `is` and `in` work as on a tuple."""
+
+    __slots__ = ("_step", "_kind")
+
+    def __init__(self, step: StepArrays, kind: str):
+        self._step, self._kind = step, kind
+
+    def __len__(self) -> int:
+        return len(getattr(self._step.layout, self._kind))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        n = len(self)
+        j = operator.index(i)
+        j = j + n if j < 0 else j
+        if not 0 <= j < n:
+            raise IndexError(f"record {i} is out of range; this frame has {n} {self._kind} records.")
+        key = (id(self._step), self._kind, j)
+        with _LIVE_LOCK:
+            r = _LIVE.get(key)
+            if r is None:
+                r = _LIVE[key] = _MAKE[self._kind](self._step, j, *getattr(self._step.layout, self._kind)[j])
+        return r
+
+    def __iter__(self):
+        return (self[j] for j in range(len(self)))
+
+    def for_layer(self, layer: int):
+        """The routing or KDA record of `layer`, or None (without making the others)."""
+        j = getattr(self._step.layout, f"{self._kind}_rows").get(layer)
+        return None if j is None else self[j]
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return self._step.arrays()
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))

@@ -15,6 +15,7 @@ weights == s[ids] / sum(s[ids]); float16 would break near-ties in all of these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -23,8 +24,8 @@ import torch
 from tiny_k3.probe import Recorder
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
-from .framestore import (KDA_CHAIN, KDAInputs, KDALinks, Keyframe, PackedFloats, StepArrays, StoredDepth, StoredKDA,
-                         StoredRouting, StoredSublayer, id_dtype, read_only)
+from .framestore import (KDA_CHAIN, KDAInputs, KDALinks, Keyframe, Layout, PackedFloats, Records, StepArrays,
+                         id_dtype, read_only)
 
 _EMPTY = read_only(np.zeros(0, np.float32))
 
@@ -69,10 +70,10 @@ class StepRecord(NamedTuple):
     """One decode step as numpy records, in execution order per kind (the parts of a Frame)."""
 
     embed_norm: float
-    depth: tuple[DepthRecord, ...]
-    kda: tuple[KDARecord, ...]
-    routing: tuple[RoutingRecord, ...]
-    sublayers: tuple[SublayerRecord, ...]
+    depth: Sequence[DepthRecord]          # sim.framestore.Records: a tuple's interface, made on access
+    kda: Sequence[KDARecord]
+    routing: Sequence[RoutingRecord]
+    sublayers: Sequence[SublayerRecord]
     logits: np.ndarray                    # [vocab] float32, the next-token logits
 
 
@@ -143,18 +144,15 @@ class FrameRecorder(Recorder):
         depth_weights, depth_offsets = self._depth()
         kda = self._kda()
         scores, expert_ids, routing_weights = self._routing()
+        layout = Layout.of([(e.layer,) for e in self.moe], [(e.layer,) for e in self.kda],
+                           [(e.layer, e.site) for e in self.depth], [(e.layer, e.site, e.kind) for e in self.sublayers])
         step = StepArrays(scores, tuple(e.bias for e in self.moe), expert_ids, routing_weights, *kda,
-                          depth_weights, depth_offsets, h_norms, out_norms)
+                          depth_weights, depth_offsets, h_norms, out_norms, layout)
         if self.kda and step.state is None:     # recomputable: the next step may continue from this one
             self._links.add(step, [e.state for e in self.kda])
         logits = _numpy(self.logits) if self.logits is not None else _EMPTY
-        return StepRecord(
-            embed_norm,
-            tuple(StoredDepth(step, i, e.layer, e.site) for i, e in enumerate(self.depth)),
-            tuple(StoredKDA(step, i, e.layer) for i, e in enumerate(self.kda)),
-            tuple(StoredRouting(step, i, e.layer) for i, e in enumerate(self.moe)),
-            tuple(StoredSublayer(step, i, e.layer, e.site, e.kind) for i, e in enumerate(self.sublayers)),
-            logits)
+        return StepRecord(embed_norm, Records(step, "depth"), Records(step, "kda"), Records(step, "routing"),
+                          Records(step, "sublayers"), logits)
 
     def _depth(self) -> tuple[np.ndarray, np.ndarray]:
         """(every read's weights concatenated [sum N] float32, offsets [reads + 1] int64)."""
@@ -182,9 +180,13 @@ class FrameRecorder(Recorder):
         inputs = KDAInputs(_numpy(torch.stack([e.k for e in self.kda])), _numpy(torch.stack([e.v for e in self.kda])),
                            _numpy(g))
         beta = _numpy(torch.stack([e.beta for e in self.kda]))
-        kda_from, depth = self._chain()
-        exact = all(torch.equal(inputs.advance(i, beta[i], None if e.prev_state is None else e.prev_state[None]),
-                                e.state[None]) for i, e in enumerate(self.kda))
+        # The recomputation runs on the CPU; a GPU's kernels round differently, so there the states are kept.
+        if all(e.state.device.type == "cpu" for e in self.kda):
+            kda_from, depth = self._chain()
+            exact = all(torch.equal(inputs.advance(i, beta[i], None if e.prev_state is None else e.prev_state[None]),
+                                    e.state[None]) for i, e in enumerate(self.kda))
+        else:
+            kda_from, depth, exact = None, 0, False
         kept = None if exact else _numpy(state, torch.float16)
         return kept, inputs, kda_from, depth, beta, norms
 

@@ -34,12 +34,15 @@ from tiny_k3.tokenizer import EOS, decode, encode, token_text
 
 from .frame import Choice, Frame, MemoryRecord, SublayerView
 from .memory import non_negative_int
-from .framestore import KDALinks
+from .framestore import KDA_CHAIN, KDALinks, LeanKDAState
 from .recorder import FrameRecorder
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
 RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost): going back a little replays nothing
+KEYFRAME_EVERY = KDA_CHAIN  # a snapshot every 64 tokens keeps its KDA states whole: the frames' states are
+                            # recomputed from it (sim/framestore.py); the others keep the conv tails and
+                            # recompute S from their frame when a branch restores them
 
 
 # ---------------------------------------------------------------------------- sampling
@@ -167,6 +170,8 @@ class Simulation:
         self._snapshots: dict[int, dict[int, KDAState]] = {}   # tokens seen -> {KDA layer: state after them}
         self._bias_cache: dict = {}
         self._kda_links = KDALinks()                 # frames' KDA states are recomputed from the step before
+        self._off_timeline_links = KDALinks()        # ... and a what-if's from its own step before
+        self._ints: dict[int, int] = {}
         for i, tok in enumerate(ids):
             choice = (Choice.forced(ids[i + 1]) if i + 1 < len(ids)
                       else Choice.sampled(self.temperature, self.sample_seed))
@@ -390,9 +395,10 @@ class Simulation:
         in force (a what-if); watch: a second recorder that sees every event too (sim.whatif keeps outputs).
         """
         x = torch.tensor([[token]], device=self.device)
-        # A frame at a snapshot position starts its KDA chain from that snapshot (sim/framestore.py).
-        keyframe = self._snapshots.get(position) if position % SNAPSHOT_EVERY == 0 else None
-        recorder = FrameRecorder(self._bias_cache, self._kda_links, keyframe)
+        # A frame at a keyframe position starts its KDA chain from that snapshot (sim/framestore.py).
+        keyframe = self._snapshots.get(position) if position % KEYFRAME_EVERY == 0 else None
+        links = self._kda_links if cache is self._cache else self._off_timeline_links
+        recorder = FrameRecorder(self._bias_cache, links, keyframe)
         self._sync()
         t0 = time.perf_counter()
         _, cache = self.model(x, cache, recorder=recorder if watch is None else _Tee(recorder, watch), hooks=hooks)
@@ -430,8 +436,10 @@ class Simulation:
         else:  # no twin run: its cache is a formula of the token count (sim.memory, checked by the tests)
             from .memory import cache_bytes
             twin_kv = cache_bytes(self.twin_config, tokens)[0]
+        # one int object per distinct count (most layers hold the same bytes): ~3 KB less per k3-topo frame
+        layer_bytes = tuple(self._ints.setdefault(b, b) for b in cache.layer_bytes())
         return MemoryRecord(kv_bytes=cache.kv_bytes(), state_bytes=cache.state_bytes(),
-                            twin_kv_bytes=twin_kv, layer_bytes=tuple(cache.layer_bytes()))
+                            twin_kv_bytes=twin_kv, layer_bytes=layer_bytes)
 
     def _save_snapshot(self) -> None:
         p = self._cache.position
@@ -439,6 +447,19 @@ class Simulation:
         old = p - RECENT_SNAPSHOTS
         if old > 0 and old % SNAPSHOT_EVERY:
             self._snapshots.pop(old, None)
+        elif old > 0 and old % KEYFRAME_EVERY and old in self._snapshots:
+            self._snapshots[old] = self._lean(old)
+
+    def _lean(self, tokens: int) -> dict:
+        """The snapshot after `tokens` tokens with each KDA S left to its frame's record to recompute (the
+        conv tails kept), where that frame's states are recomputed rather than kept."""
+        records = {r.layer: r for r in self._frames[tokens - 1].kda}
+        out = {}
+        for i, c in self._snapshots[tokens].items():
+            r = records.get(i)
+            step = getattr(r, "_step", None)
+            out[i] = LeanKDAState(c.conv, r) if isinstance(c, KDAState) and step is not None and step.state is None else c
+        return out
 
     @torch.no_grad()
     def _restore(self, tokens: int) -> None:

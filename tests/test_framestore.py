@@ -161,3 +161,89 @@ def test_frame_arrays_and_nbytes_count_the_store_once(frames):
     assert stored.nbytes() < plain.nbytes()
     assert all(a.bias is b.bias for a, b in zip(stored.routing, second.routing))
     assert {id(r.bias) for r in stored.routing} <= {id(a) for a in held}
+
+
+# ---------------------------------------------------------------------------- KDA states recomputed
+
+
+def _model_states(model, ids) -> list[list[np.ndarray]]:
+    """Per token, every KDA layer's float16 state straight from the model's decode path."""
+    out, cache = [], None
+    with torch.no_grad():
+        for tok in ids:
+            trace = TraceRecorder()
+            _, cache = model(torch.tensor([[tok]]), cache, recorder=trace)
+            out.append([d["state"][0].to(torch.float16).numpy() for _, d in trace.of("kda")])
+    return out
+
+
+@pytest.fixture(scope="module")
+def long_run():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    sim = Simulation("tiny", "a long enough prompt", weights="random")
+    sim.run(50)                                   # 71 frames: a chain from zeros, one from the snapshot at 64
+    yield sim
+    torch.set_num_threads(before)
+
+
+def test_recomputed_states_are_the_models_bit_for_bit_across_chains_and_a_branch(long_run):
+    from sim.framestore import Keyframe, LeanKDAState
+    from tiny_k3.cache import KDAState
+
+    sim = long_run
+    steps = [f.kda[0]._step for f in sim.frames]
+    assert all(s.state is None for s in steps)                       # nothing kept: every step recomputes
+    assert [s.kda_depth for s in steps[62:66]] == [62, 63, 0, 1]     # a new chain at the snapshot of 64 tokens
+    first = sim.config.kda_layers[0]
+    assert isinstance(steps[64].kda_from, Keyframe) and isinstance(sim._snapshots[64][first], KDAState)
+    assert steps[64].kda_from.states[0].__array_interface__["data"][0] == sim._snapshots[64][first].state.data_ptr()
+    assert isinstance(sim._snapshots[48][first], LeanKDAState)       # only its conv tail: S is frame 47's
+    assert sim._snapshots[48][first].nbytes() < sim._snapshots[64][first].nbytes()
+    want = _model_states(sim.model, [f.input_id for f in sim.frames])
+    for f, states in zip(sim.frames, want):
+        assert all(bits_equal(r.state, s) for r, s in zip(f.kda, states))
+    sim.goto(50)
+    sim.step(force_token="Q")                     # a branch: restored from the lean snapshot at 48, replayed
+    sim.run(3)
+    want = _model_states(sim.model, [f.input_id for f in sim.frames])
+    for f, states in zip(sim.frames[48:], want[48:]):
+        assert all(bits_equal(r.state, s) for r, s in zip(f.kda, states))
+    fresh = Simulation("tiny", "a long enough prompt", weights="random")
+    fresh.run(30)
+    fresh.step(force_token="Q")
+    fresh.run(3)
+    assert len(fresh.frames) == len(sim.frames) and all(a.same_as(b) for a, b in zip(fresh.frames, sim.frames))
+
+
+def test_a_state_the_recomputation_would_not_reproduce_is_kept_as_recorded(long_run, monkeypatch):
+    from sim.framestore import KDAInputs
+
+    sim = long_run
+    sim.goto(len(sim.frames) - 1)
+    exact = KDAInputs.advance
+    monkeypatch.setattr(KDAInputs, "advance", lambda self, row, beta, state: exact(self, row, beta, state) * 1.5)
+    f = sim.step(force_token="Z")
+    monkeypatch.undo()
+    assert f.kda[0]._step.state is not None       # kept, float16, as the model had it
+    g = sim.step()
+    assert g.kda[0]._step.kda_depth == 0          # and the next step starts a new chain from a keyframe
+    want = _model_states(sim.model, [x.input_id for x in sim.frames])
+    for frame in (f, g):
+        assert all(bits_equal(r.state, s) for r, s in zip(frame.kda, want[frame.index]))
+
+
+def test_what_if_frames_recompute_the_states_the_changes_made(long_run):
+    from sim.interventions import ResetState
+
+    sim = long_run
+    sim.goto(20)
+    w = sim.what_if(ResetState(layer=sim.config.kda_layers[1]), steps=3)
+    layer = 1                                      # the reset layer's row in frame.kda
+    for orig, changed in zip(w.original, w.frames):
+        assert all(r.state.dtype == np.float16 for r in changed.kda)
+        # the recomputed float32 state has the norm the recorder measured from the model's own state
+        for r in changed.kda:
+            s32 = r._step.state32(r._row)[0]
+            np.testing.assert_allclose(torch.linalg.vector_norm(s32, dim=(-2, -1)).numpy(), r.state_norm, rtol=1e-6)
+        assert not np.array_equal(orig.kda[layer].state, changed.kda[layer].state)
