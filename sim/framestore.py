@@ -104,7 +104,7 @@ class PackedFloats:
 # ---------------------------------------------------------------------------- one step's arrays
 
 
-KDA_CHAIN = 64        # a recomputed state is at most this many kda_step calls from its keyframe (~2 ms cold)
+KDA_CHAIN = 64        # a recomputed state is at most this many kda_step calls from its keyframe
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +113,9 @@ class Keyframe:
 
     states: tuple[np.ndarray | None, ...]
 
-    def state(self, row: int) -> torch.Tensor | None:
-        s = self.states[row]
-        return None if s is None else torch.tensor(s)[None]                # [1, H, K, V]
+    def stack(self, shape: tuple[int, int, int]) -> torch.Tensor:
+        """[L, H, K, V] float32 (shape = (H, K, V) for the zero states)."""
+        return torch.stack([torch.zeros(shape) if s is None else torch.tensor(s) for s in self.states])
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +126,17 @@ class KDAInputs:
     v: np.ndarray                 # [L, H, V] float32
     g: np.ndarray                 # [L, H, K] float32 log decay
 
-    def advance(self, row: int, beta: np.ndarray, state: torch.Tensor | None) -> torch.Tensor:
-        """[1, H, K, V] float32: layer `row`'s state after this step, from the one before it (None: zeros)."""
-        k, v, g, b = (torch.tensor(a)[None, None] for a in (self.k[row], self.v[row], self.g[row], beta))
+    def advance(self, beta: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+        """[L, H, K, V] float32: every layer's state after this step, from the states before it [L, H, K, V].
+
+        The L layers go through kda_step as its batch, the one call the recorder checks against the model."""
+        k, v, g, b = (torch.tensor(a)[:, None] for a in (self.k, self.v, self.g, beta))   # [L, 1, H, ...]
         _, state = kda_step(torch.zeros_like(k), k, v, g, b, initial_state=state, output_final_state=True)
         return state
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return self.k.shape[1], self.k.shape[2], self.v.shape[2]
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -177,41 +183,45 @@ class StepArrays:
         return read_only(self.state32(row)[0].to(torch.float16).numpy())
 
     def state32(self, row: int) -> torch.Tensor:
-        """[1, H, K, V] float32: layer `row`'s S_t, recomputed from the nearest keyframe or recent result."""
+        """[1, H, K, V] float32: layer `row`'s S_t (see states32)."""
+        return self.states32()[row][None]
+
+    def states32(self) -> torch.Tensor:
+        """[L, H, K, V] float32: every layer's S_t, recomputed from the nearest keyframe or recent result."""
         todo, step = [], self
         while True:
-            state = _recent(step, row)
+            state = _recent(step)
             if state is not None:
                 break
             todo.append(step)
             if isinstance(step.kda_from, Keyframe):
-                state = step.kda_from.state(row)
+                state = step.kda_from.stack(step.kda_inputs.state_shape)
                 break
             step = step.kda_from
         for step in reversed(todo):
-            state = step.kda_inputs.advance(row, step.beta[row], state)
-            _remember(step, row, state)
+            state = step.kda_inputs.advance(step.beta, state)
+            _remember(step, state)
         return state
 
 
-# The last few recomputed states, (id(step), row) -> (weakref to the step, its [1, H, K, V] state): stepping
-# along one layer recomputes one step. A step that is gone leaves a dead entry, never a wrong one. Locked:
-# a front end's worker thread records while its UI thread reads.
+# The last few recomputed steps, id(step) -> (weakref to the step, its [L, H, K, V] states): stepping along
+# the timeline recomputes one step. A step that is gone leaves a dead entry, never a wrong one. Locked: a
+# front end's worker thread records while its UI thread reads.
 _RECENT: OrderedDict = OrderedDict()
-_RECENT_LIMIT = 256                    # 256 states (k3-topo: 2 MB)
+_RECENT_LIMIT = 8                      # 8 steps (k3-topo: 4.5 MB)
 _RECENT_LOCK = threading.Lock()
 
 
-def _recent(step: StepArrays, row: int) -> torch.Tensor | None:
+def _recent(step: StepArrays) -> torch.Tensor | None:
     with _RECENT_LOCK:
-        hit = _RECENT.get((id(step), row))
+        hit = _RECENT.get(id(step))
     return hit[1] if hit is not None and hit[0]() is step else None
 
 
-def _remember(step: StepArrays, row: int, state: torch.Tensor) -> None:
+def _remember(step: StepArrays, state: torch.Tensor) -> None:
     with _RECENT_LOCK:
-        _RECENT[(id(step), row)] = (weakref.ref(step), state)
-        _RECENT.move_to_end((id(step), row))
+        _RECENT[id(step)] = (weakref.ref(step), state)
+        _RECENT.move_to_end(id(step))
         while len(_RECENT) > _RECENT_LIMIT:
             _RECENT.popitem(last=False)
 

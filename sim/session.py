@@ -15,6 +15,9 @@ Branching. A KDA layer's decode state is a fixed-size copy; an MLA cache is a pr
 (`MLACache.truncate`). So a branch restores the KDA states saved every SNAPSHOT_EVERY tokens (and for the
 last RECENT_SNAPSHOTS tokens), truncates the MLA caches to the same position and replays the recorded
 tokens up to the cursor. The all-MLA twin needs no snapshot at all: a truncation is its whole restore.
+A saved snapshot keeps its KDA states whole every KEYFRAME_EVERY tokens; the ones between keep only the
+conv tails, their states being those their frame recomputes (sim/framestore.py: a frame's KDA states are
+recomputed from the keyframe and each step's kda_step inputs, bit for bit).
 """
 
 from __future__ import annotations
@@ -133,9 +136,10 @@ class Simulation:
     generation goes on from there). A branch equals a fresh Simulation that made the same calls. Setting
     sim.temperature directly affects only frames made later.
 
-    Memory (bench/bench_sim.py): about 15 KB per token for "tiny", 78 KB for "small" and 0.93 MB for
-    "k3-topo" (a frame's arrays, its Python objects and the snapshot every 16 tokens), plus a fixed ring
-    of 16 recent snapshots (52 KB, 1.0 MB, 11.6 MB).
+    Memory (bench/bench_sim.py --memory-only): about 6.5 KB per token for "tiny", 37 KB for "small" and
+    340 KB for "k3-topo" (a frame's arrays, its Python objects and the saved snapshots' share), plus once
+    per timeline the selection bias (1.3 KB, 25 KB, 330 KB) and a fixed ring of 16 recent snapshots
+    (52 KB, 1.0 MB, 11.6 MB).
     """
 
     def __init__(self, preset: str | K3Config = DEFAULT_PRESET, prompt: str = DEFAULT_PROMPT, *, seed: int = 0,
