@@ -24,46 +24,55 @@ import torch
 from tiny_k3.probe import Recorder
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
-from .framestore import (KDA_CHAIN, KDAInputs, KDALinks, Keyframe, Layout, PackedFloats, Records, StepArrays,
-                         id_dtype, read_only)
+from .framestore import Layout, PackedFloats, Records, StepArrays, id_dtype, read_only
+from .kdastates import KDA_CHAIN, KDAInputs, KDALinks, Keyframe
 
 _EMPTY = read_only(np.zeros(0, np.float32))
 
 
+# Events keep the model's tensors as they come, [B=1, T, ...], and finish() takes position -1 once per kind
+# after concatenating them: an index per tensor per event was ~2/3 of recording's cost at k3-topo's 560 events.
+
+
 class EmbedEvent(NamedTuple):
-    x: torch.Tensor                       # [D] the input token's embedding
+    x: torch.Tensor                       # [1, T, D] the input token's embedding
 
 
 class DepthEvent(NamedTuple):
     layer: int
     site: str                             # "attn", "mlp" or "out"
-    weights: torch.Tensor | None          # [N] over the depth sources (None for the standard residual)
-    h: torch.Tensor                       # [D] the sublayer input
+    weights: torch.Tensor | None          # [1, T, N] over the depth sources (None for the standard residual)
+    h: torch.Tensor                       # [1, T, D] the sublayer input
 
 
 class KDAEvent(NamedTuple):
     layer: int
-    prev_state: torch.Tensor | None       # [H, K, V] before this token (None at the first token)
-    state: torch.Tensor                   # [H, K, V] after it
-    g: torch.Tensor                       # [H, K] log decay
-    beta: torch.Tensor                    # [H] write strength
-    k: torch.Tensor                       # [H, K] the key kda_step wrote under (L2-normalised)
-    v: torch.Tensor                       # [H, V] the value
+    prev_state: torch.Tensor | None       # [1, H, K, V] before this token (None at the first token)
+    state: torch.Tensor                   # [1, H, K, V] after it
+    g: torch.Tensor                       # [1, T, H, K] log decay
+    beta: torch.Tensor                    # [1, T, H] write strength
+    k: torch.Tensor                       # [1, T, H, K] the key kda_step wrote under (L2-normalised)
+    v: torch.Tensor                       # [1, T, H, V] the value
 
 
 class MoEEvent(NamedTuple):
     layer: int
-    scores: torch.Tensor                  # [E] unbiased sigmoid affinities
+    scores: torch.Tensor                  # [1, T, E] unbiased sigmoid affinities
     bias: np.ndarray                      # [E] the selection bias (shared between frames while it is unchanged)
-    expert_ids: torch.Tensor              # [k]
-    weights: torch.Tensor                 # [k]
+    expert_ids: torch.Tensor              # [1, T, k]
+    weights: torch.Tensor                 # [1, T, k]
 
 
 class SublayerEvent(NamedTuple):
     layer: int
     site: str                             # "attn" or "mlp"
     kind: str                             # "kda", "mla", "dense" or "moe"
-    out: torch.Tensor                     # [D] what the sublayer wrote to the stream
+    out: torch.Tensor                     # [1, T, D] what the sublayer wrote to the stream
+
+
+def _last(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[1, T, *] each -> [n, *]: every tensor's last position, in one cat and one index."""
+    return torch.cat(tensors)[:, -1]
 
 
 class StepRecord(NamedTuple):
@@ -114,30 +123,27 @@ class FrameRecorder(Recorder):
         return hit[1]
 
     def record(self, event: str, layer: int, **d) -> None:
-        if event == "embed":
-            self.embed = EmbedEvent(d["x"][0, -1])
-        elif event == "depth":
-            w = d["weights"]
-            self.depth.append(DepthEvent(layer, d["site"], None if w is None else w[0, -1], d["h"][0, -1]))
-        elif event == "kda":
-            prev = d["prev_state"]
-            self.kda.append(KDAEvent(layer, None if prev is None else prev[0], d["state"][0], d["g"][0, -1],
-                                     d["beta"][0, -1], d["k"][0, -1], d["v"][0, -1]))
-        elif event == "moe":
-            scores = d["scores"][0, -1]
-            self.moe.append(MoEEvent(layer, scores, self._bias(layer, d["bias"], scores.shape[-1]),
-                                     d["expert_ids"][0, -1], d["weights"][0, -1]))
+        if event == "depth":
+            self.depth.append(DepthEvent(layer, d["site"], d["weights"], d["h"]))
         elif event == "sublayer":
-            self.sublayers.append(SublayerEvent(layer, d["site"], d["kind"], d["out"][0, -1]))
+            self.sublayers.append(SublayerEvent(layer, d["site"], d["kind"], d["out"]))
+        elif event == "moe":
+            scores = d["scores"]
+            self.moe.append(MoEEvent(layer, scores, self._bias(layer, d["bias"], scores.shape[-1]),
+                                     d["expert_ids"], d["weights"]))
+        elif event == "kda":
+            self.kda.append(KDAEvent(layer, d["prev_state"], d["state"], d["g"], d["beta"], d["k"], d["v"]))
+        elif event == "embed":
+            self.embed = EmbedEvent(d["x"])
         elif event == "logits":
-            self.logits = d["logits"][0, -1]
+            self.logits = d["logits"]
 
     def finish(self) -> StepRecord:
         """The recorded step as numpy records: one batched computation and transfer per kind of record into
         one StepArrays (sim/framestore.py), the records thin views of it."""
         rms_of = [e.x for e in (self.embed,) if e is not None] + [e.h for e in self.depth] + \
                  [e.out for e in self.sublayers]
-        rms = _numpy(torch.stack(rms_of).float().pow(2).mean(-1).sqrt()) if rms_of else _EMPTY
+        rms = _numpy(_last(rms_of).float().pow(2).mean(-1).sqrt()) if rms_of else _EMPTY
         first = 1 if self.embed is not None else 0
         embed_norm = float(rms[0]) if first else 0.0
         h_norms, out_norms = rms[first:first + len(self.depth)], rms[first + len(self.depth):]
@@ -150,15 +156,15 @@ class FrameRecorder(Recorder):
                           depth_weights, depth_offsets, h_norms, out_norms, layout)
         if self.kda and step.state is None:     # recomputable: the next step may continue from this one
             self._links.add(step, [e.state for e in self.kda])
-        logits = _numpy(self.logits) if self.logits is not None else _EMPTY
+        logits = _numpy(self.logits[0, -1]) if self.logits is not None else _EMPTY
         return StepRecord(embed_norm, Records(step, "depth"), Records(step, "kda"), Records(step, "routing"),
                           Records(step, "sublayers"), logits)
 
     def _depth(self) -> tuple[np.ndarray, np.ndarray]:
         """(every read's weights concatenated [sum N] float32, offsets [reads + 1] int64)."""
-        read = [e.weights.reshape(-1) for e in self.depth if e.weights is not None]
-        flat = _numpy(torch.cat(read)) if read else _EMPTY
-        sizes = [0 if e.weights is None else e.weights.numel() for e in self.depth]
+        read = [e.weights for e in self.depth if e.weights is not None]
+        flat = _numpy(torch.cat(read, -1)[0, -1]) if read else _EMPTY           # [1, T, sum N] -> [sum N]
+        sizes = [0 if e.weights is None else e.weights.shape[-1] for e in self.depth]
         return flat, read_only(np.cumsum([0] + sizes, dtype=np.int64))
 
     def _kda(self) -> tuple:
@@ -170,16 +176,15 @@ class FrameRecorder(Recorder):
         if not self.kda:
             return (read_only(np.zeros((0, 0, 0, 0), np.float16)), None, None, 0, read_only(np.zeros((0, 0), np.float32)),
                     read_only(np.zeros((2, 0, 0), np.float32)))
-        state = torch.stack([e.state for e in self.kda]).float()                      # [L, H, K, V]
-        g = torch.stack([e.g for e in self.kda]).float()                               # [L, H, K]
-        prev = torch.stack([torch.zeros_like(e.state) if e.prev_state is None else e.prev_state
-                            for e in self.kda]).float()
+        state = torch.cat([e.state for e in self.kda]).float()                        # [L, H, K, V]
+        g = _last([e.g for e in self.kda]).float()                                     # [L, H, K]
+        prev = torch.cat([torch.zeros_like(e.state) if e.prev_state is None else e.prev_state
+                          for e in self.kda]).float()
         # What this token changed beyond decaying: S_t - Diag(alpha_t) S_{t-1} (kda.md §1).
         write = state - g.exp()[..., None] * prev
         norms = _numpy(torch.linalg.vector_norm(torch.stack([state, write]), dim=(-2, -1)))   # [2, L, H]
-        inputs = KDAInputs(_numpy(torch.stack([e.k for e in self.kda])), _numpy(torch.stack([e.v for e in self.kda])),
-                           _numpy(g))
-        beta = _numpy(torch.stack([e.beta for e in self.kda]))
+        inputs = KDAInputs(_numpy(_last([e.k for e in self.kda])), _numpy(_last([e.v for e in self.kda])), _numpy(g))
+        beta = _numpy(_last([e.beta for e in self.kda]))
         # The recomputation runs on the CPU; a GPU's kernels round differently, so there the states are kept.
         if all(e.state.device.type == "cpu" for e in self.kda):
             kda_from, depth = self._chain()
@@ -195,22 +200,21 @@ class FrameRecorder(Recorder):
         snap = self._keyframe
         if snap is not None and all(
                 (p is None and snap.get(e.layer) is None) or
-                (p is not None and snap.get(e.layer) is not None and torch.equal(snap[e.layer].state[0], p))
+                (p is not None and snap.get(e.layer) is not None and torch.equal(snap[e.layer].state, p))
                 for e, p in zip(self.kda, prevs)):
             return Keyframe(tuple(None if p is None else read_only(snap[e.layer].state[0].numpy())
                                   for e, p in zip(self.kda, prevs))), 0
         parent = self._links.parent(prevs)
         if parent is not None and parent.kda_depth + 1 < KDA_CHAIN:
             return parent, parent.kda_depth + 1
-        return Keyframe(tuple(None if p is None else _numpy(p.clone()) for p in prevs)), 0
+        return Keyframe(tuple(None if p is None else _numpy(p[0].clone()) for p in prevs)), 0
 
     def _routing(self) -> tuple[PackedFloats, np.ndarray, np.ndarray]:
         """(scores [R, E] packed losslessly, expert ids [R, k] int16, weights [R, k] float32)."""
         if not self.moe:
             return (PackedFloats.pack(np.zeros((0, 0), np.float32)), read_only(np.zeros((0, 0), np.int16)),
                     read_only(np.zeros((0, 0), np.float32)))
-        scores = torch.stack([e.scores for e in self.moe]).detach().float().cpu().numpy()    # [R, E]
-        ids = torch.stack([e.expert_ids for e in self.moe]).detach().cpu().numpy()
-        ids = read_only(ids.astype(id_dtype(scores.shape[1])))
-        weights = _numpy(torch.stack([e.weights for e in self.moe]))
+        scores = _last([e.scores for e in self.moe]).float().cpu().numpy()                   # [R, E]
+        ids = read_only(_last([e.expert_ids for e in self.moe]).cpu().numpy().astype(id_dtype(scores.shape[1])))
+        weights = _numpy(_last([e.weights for e in self.moe]))
         return PackedFloats.pack(scores), ids, weights

@@ -37,7 +37,7 @@ from tiny_k3.tokenizer import EOS, decode, encode, token_text
 
 from .frame import Choice, Frame, MemoryRecord, SublayerView
 from .memory import non_negative_int
-from .framestore import KDA_CHAIN, KDALinks, LeanKDAState
+from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
 from .recorder import FrameRecorder
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist

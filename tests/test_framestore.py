@@ -188,7 +188,7 @@ def long_run():
 
 
 def test_recomputed_states_are_the_models_bit_for_bit_across_chains_and_a_branch(long_run):
-    from sim.framestore import Keyframe, LeanKDAState
+    from sim.kdastates import Keyframe, LeanKDAState
     from tiny_k3.cache import KDAState
 
     sim = long_run
@@ -217,7 +217,7 @@ def test_recomputed_states_are_the_models_bit_for_bit_across_chains_and_a_branch
 
 
 def test_a_state_the_recomputation_would_not_reproduce_is_kept_as_recorded(long_run, monkeypatch):
-    from sim.framestore import KDAInputs
+    from sim.kdastates import KDAInputs
 
     sim = long_run
     sim.goto(len(sim.frames) - 1)
