@@ -247,3 +247,26 @@ def test_what_if_frames_recompute_the_states_the_changes_made(long_run):
             s32 = r._step.state32(r._row)[0]
             np.testing.assert_allclose(torch.linalg.vector_norm(s32, dim=(-2, -1)).numpy(), r.state_norm, rtol=1e-6)
         assert not np.array_equal(orig.kda[layer].state, changed.kda[layer].state)
+
+
+def test_records_behave_as_a_tuple_and_keep_a_held_record_the_same_object(frames):
+    import gc
+
+    from sim.framestore import Records
+
+    _, [(stored, plain, _), _] = frames
+    recs = stored.depth
+    assert isinstance(recs, Records) and len(recs) == len(plain.depth)
+    assert [(d.layer, d.site) for d in recs] == [(d.layer, d.site) for d in plain.depth]
+    assert recs[-1].site == "out" and recs[len(recs) - 1] is recs[-1]
+    assert [d.layer for d in recs[2:5]] == [d.layer for d in plain.depth[2:5]] and isinstance(recs[2:5], tuple)
+    with pytest.raises(IndexError, match="out of range"):
+        recs[len(recs)]
+    held = recs[3]
+    assert recs[3] is held and held in recs                      # `is` (tui's panels) works while held
+    layer = stored.routing[1].layer
+    assert stored.routing_for(layer) is stored.routing[1] and stored.routing_for(-5) is None
+    assert stored.kda_for(stored.kda[0].layer).layer == stored.kda[0].layer
+    del held
+    gc.collect()
+    assert recs[3].layer == plain.depth[3].layer                 # made again once nobody held it
