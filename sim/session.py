@@ -440,10 +440,16 @@ class Simulation:
         else:  # no twin run: its cache is a formula of the token count (sim.memory, checked by the tests)
             from .memory import cache_bytes
             twin_kv = cache_bytes(self.twin_config, tokens)[0]
-        # one int object per distinct count (most layers hold the same bytes): ~3 KB less per k3-topo frame
-        layer_bytes = tuple(self._ints.setdefault(b, b) for b in cache.layer_bytes())
-        return MemoryRecord(kv_bytes=cache.kv_bytes(), state_bytes=cache.state_bytes(),
-                            twin_kv_bytes=twin_kv, layer_bytes=layer_bytes)
+        # One pass over the layers (ModelCache.kv_bytes/state_bytes/layer_bytes make three), and one int
+        # object per distinct count (most layers hold the same bytes): ~3 KB less per k3-topo frame.
+        kv = state = 0
+        layer_bytes = []
+        for c in cache.layers:
+            b = 0 if c is None else c.nbytes()
+            kv += b if isinstance(c, MLACache) else 0
+            state += b if isinstance(c, KDAState) else 0
+            layer_bytes.append(self._ints.setdefault(b, b))
+        return MemoryRecord(kv_bytes=kv, state_bytes=state, twin_kv_bytes=twin_kv, layer_bytes=tuple(layer_bytes))
 
     def _save_snapshot(self) -> None:
         p = self._cache.position
