@@ -61,17 +61,17 @@ class KDAInputs:
 def recompute(step) -> torch.Tensor:
     """[L, H, K, V] float32: every KDA layer's S_t after `step` (a StepArrays), from the nearest keyframe
     or recently recomputed step before it, one batched kda_step per step."""
-    todo = []
+    to_replay = []
     while True:
         state = _recent(step)
         if state is not None:
             break
-        todo.append(step)
+        to_replay.append(step)
         if isinstance(step.kda_from, Keyframe):
             state = step.kda_from.stack(step.kda_inputs.state_shape)
             break
         step = step.kda_from
-    for step in reversed(todo):
+    for step in reversed(to_replay):
         state = step.kda_inputs.advance(step.beta, state)
         _remember(step, state)
     return state

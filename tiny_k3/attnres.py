@@ -49,7 +49,8 @@ class DepthAttention(nn.Module):
         self.eps = eps
         self.query = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
         self.key_norm = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
-        self._query_gain = CachedWeights(self, ("query", "key_norm"), torch.mul, attr=None)  # w ⊙ g, for `_depth_read`
+        # w ⊙ g, for `_depth_read`
+        self._query_gain = CachedWeights(self, ("query", "key_norm"), torch.mul, attr=None)
 
     def forward(self, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """sources: list of N tensors [B, T, D] -> (h [B, T, D], weights [B, T, N])."""

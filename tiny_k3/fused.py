@@ -23,8 +23,9 @@ def autograd_needed(tensors) -> bool:
 
 class CachedWeights:
     """build(*[owner.<name>.<attr> for name in names]), kept between calls. A name may be a dotted path
-    ("shared.w1"); with attr None it names the tensor itself (owner.<name>). Everything is looked up on the owner at every call (a submodule may be swapped, `.to()`
-    replaces the tensors), and a deep copy of the owner follows the copy. Parts that are inference tensors
+    ("shared.w1"); with attr None it names the tensor itself (owner.<name>). Everything is looked up on the
+    owner at every call (a submodule may be swapped, `.to()` replaces the tensors), and a deep copy of the
+    owner follows the copy. Parts that are inference tensors
     (made under torch.inference_mode) have no version counter, so for them nothing is kept: built every call.
     """
 

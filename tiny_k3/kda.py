@@ -32,6 +32,12 @@ from .probe import NO_RECORDER, Recorder
 
 __all__ = ["KDALayer", "kda_chunked", "kda_gate", "kda_recurrent", "kda_step"]
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype; the same tensor when it already is (a decode step makes ~10 such casts per layer, and even a
+    no-op `.to` costs a dispatch)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 # ---------------------------------------------------------------------------- gate
 def kda_gate(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
              lower_bound: float | None = None) -> torch.Tensor:
@@ -108,12 +114,6 @@ def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------- layer
-def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """t in dtype; the same tensor when it already is (a decode step makes ~10 such casts per layer, and even a
-    no-op `.to` costs a dispatch)."""
-    return t if t.dtype == dtype else t.to(dtype)
-
-
 def _conv_taps(*weights: torch.Tensor) -> torch.Tensor:
     """Depthwise conv weights [C_i, 1, W] -> one time-major tap matrix [W, sum C_i] (decode's weighted sum)."""
     return torch.cat(weights, 0)[:, 0].T.contiguous()
@@ -185,7 +185,8 @@ class KDALayer(nn.Module):
         Without autograd, K3's bounded gate lb * sigmoid(a (f_b z + dt_bias)), a = exp(A_log) per head, is one
         product with a bias: the weights a ⊙ W_b and a ⊙ dt_bias are cached (`_gate_weights`); the same value
         to float rounding (tests/test_decode_paths.py)."""
-        if self.lower_bound is None or autograd_needed((gate_low_rank, *self._gate_weights.parts())):
+        if self.lower_bound is None or (torch.is_grad_enabled()   # (the parts are looked up only with autograd on)
+                                        and autograd_needed((gate_low_rank, *self._gate_weights.parts()))):
             H, K = self.num_heads, self.head_k_dim
             raw = self.f_b_proj(gate_low_rank)
             return kda_gate(raw.view(-1, 1, H, K), self.A_log, self.dt_bias, self.lower_bound).view(raw.shape)
@@ -195,7 +196,9 @@ class KDALayer(nn.Module):
             gate_low_rank, weight, bias = gate_low_rank.to(dtype), weight.to(dtype), bias.to(dtype)
         return torch.sigmoid(F.linear(gate_low_rank, weight, bias)).mul_(self.lower_bound)
 
-    def _fold_gate(self, f_b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fold_gate(self, f_b: torch.Tensor, A_log: torch.Tensor,
+                   dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a ⊙ W_b [H*K, rank], a ⊙ dt_bias [H*K]) with a = exp(A_log) repeated over each head's K channels."""
         dtype = compute_dtype(f_b, A_log, dt_bias)                                 # float32, or float64
         a = A_log.to(dtype).exp().repeat_interleave(self.head_k_dim)               # [H*K]: each head's a, per channel
         return f_b.to(dtype) * a[:, None], dt_bias.to(dtype) * a

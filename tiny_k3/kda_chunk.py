@@ -41,10 +41,6 @@ def check_inputs(fn: str, q, k, v, g, beta, initial_state) -> tuple[int, int, in
     return B, T, H, K, V
 
 
-
-
-
-
 # ---------------------------------------------------------------------------- chunked form
 _SUB_CHUNK = 16  # sub-chunk length for chunks whose decay is too strong to factor at once (fla also uses 16)
 
@@ -162,35 +158,37 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
          else initial_state.to(dtype).reshape(B * H, K, V))
     if T == 0:
         return q.new_zeros(B, 0, H, V), (S.view(B, H, K, V) if output_final_state else None)
-    o = None
     if q.device.type == "cpu" and not autograd_needed([t for t in (q, k, v, g, beta, initial_state) if t is not None]):
         fast = _chunked_cpu(q, k, v, g, beta, S, scale, min(chunk_size, _CPU_CHUNK))
-        if fast is None:  # too strong a decay to factor even at 16 tokens: the general form, as below
-            chunks = _Chunker(B, T, H, chunk_size, dtype)
-            o, S = _chunked_general(chunks, q, k, v, beta, _chunk_cumsum(chunks(g)), S, scale)
-        else:
+        if fast is not None:
             o, S = fast
             return o.to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
-    # Adaptive chunks: where the decay over a chunk is too wide to factor, halve the chunk (down to the
-    # sub-chunk length) before giving up on the factored form: fewer tokens, a narrower range. Any chunk
-    # length gives the same result; the factored form at C/2 is about twice as fast as the general one at C.
+        chunks = _Chunker(B, T, H, chunk_size, dtype)   # too strong a decay to factor even at 16 tokens
+        o, S = _chunked_general(chunks, q, k, v, beta, _chunk_cumsum(chunks(g)), S, scale)
+    else:
+        chunks, o, S = _chunked_adaptive(q, k, v, g, beta, S, scale, chunk_size)
+    o = o.view(chunks.N, B, H, chunks.C, V).permute(1, 0, 3, 2, 4).reshape(B, -1, H, V)[:, :T]
+    return o.to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
+
+
+def _chunked_adaptive(q, k, v, g, beta, S, scale, chunk_size: int):
+    """The factored form at chunk_size, or where the decay over a chunk is too wide to factor at chunk_size / 2,
+    / 4, ... down to the sub-chunk length (fewer tokens, a narrower range; about twice as fast as the general
+    form at the longer chunk), else the general form at chunk_size. -> (the _Chunker used, O [M, C, V], S)."""
+    B, T, H, _ = q.shape
     C, general = chunk_size, None
-    while o is None:
-        chunks = _Chunker(B, T, H, C, dtype)
+    while True:
+        chunks = _Chunker(B, T, H, C, S.dtype)
         G = _chunk_cumsum(chunks(g))                           # [M, C, K]: Γ_r = g_1 + ... + g_r, per chunk
         to_end = G[:, -1:] - G                                 # Γ_C - Γ_r (<= 0 when g <= 0)
         lo, hi = torch.aminmax(to_end.detach())                # one range for all chunks: a sufficient check
-        if float(hi - lo) <= _max_safe_spread(dtype):
-            o, S = _chunked_factored(chunks, q, k, v, beta, G, to_end, S, scale)
-            break
+        if float(hi - lo) <= _max_safe_spread(S.dtype):
+            return (chunks, *_chunked_factored(chunks, q, k, v, beta, G, to_end, S, scale))
         general = (chunks, G) if general is None else general  # the general form runs at the chunk asked for
         if C <= _SUB_CHUNK or C % 2:
             chunks, G = general
-            o, S = _chunked_general(chunks, q, k, v, beta, G, S, scale)
-            break
+            return (chunks, *_chunked_general(chunks, q, k, v, beta, G, S, scale))
         C //= 2
-    o = o.view(chunks.N, B, H, chunks.C, V).permute(1, 0, 3, 2, 4).reshape(B, -1, H, V)[:, :T]
-    return o.to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
 
 
 class _Chunker:
@@ -297,7 +295,7 @@ def _carry_state(N: int, W, U0, k_out_t, decay, S, keep_decayed: bool, buffers=N
 # with a transposed operand first copies it (~3x a row-major one), and the in-chunk products grow with C
 # while the state carry does not. Hence segments sized for the caches, row-major operands only, and C = 32.
 _CPU_CHUNK = 32                 # the longest chunk of `_chunked_cpu` (bench_kda: 32 beats 16 and 64)
-_SEGMENT_BYTES = 512 * 1024     # one [tokens, H, K] operand of a segment (bench_kda, 1 and 2 threads: 256 KB-1 MB swept)
+_SEGMENT_BYTES = 512 * 1024     # one [tokens, H, K] operand of a segment (256 KB-1 MB swept at 1 and 2 threads)
 
 
 def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -325,7 +323,7 @@ def _chunked_cpu(q, k, v, g, beta, S, scale, C) -> tuple[torch.Tensor, torch.Ten
     while True:  # the chunk: C, or C/2, C/4 ... down to 16 where the decay is too strong to factor at C
         N = -(-T // C)
         g_pad = _pad_time(g.to(dtype), N * C)
-        upper = torch.ones(C, C, dtype=dtype).triu(1)
+        upper = torch.ones(C, C, dtype=dtype, device=g.device).triu(1)
         to_end = (upper @ g_pad.reshape(B * N, C, H * K)).view(B, N * C, H, K)
         lo, hi = torch.aminmax(to_end)
         if float(hi - lo) <= _max_safe_spread(dtype, backward=False):

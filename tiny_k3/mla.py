@@ -161,11 +161,12 @@ class GatedMLA(nn.Module):
         if self.use_rope:  # rotate the new tokens' shared key before it is cached, and q's rope part
             fp = torch.promote_types(x.dtype, torch.float32)
             if positions is None:   # the usual case: positions past .. past+T-1, the same table for all layers
-                C, S = _rope_table(past, T, self.rope, self.rope_theta, fp, x.device, torch.is_inference_mode_enabled())
+                turn_c, turn_s = _rope_table(past, T, self.rope, self.rope_theta, fp, x.device,
+                                             torch.is_inference_mode_enabled())
             else:
-                C, S = rope_factors(*rope_angles(positions, self.rope, self.rope_theta, fp))   # [B, T, rope]
-            k_rope = rotate_pairs(k_rope, C, S).to(x.dtype)
-            q_rope = rotate_pairs(q_rope, C.unsqueeze(-2), S.unsqueeze(-2)).to(q_nope.dtype)
+                turn_c, turn_s = rope_factors(*rope_angles(positions, self.rope, self.rope_theta, fp))   # [B, T, rope]
+            k_rope = rotate_pairs(k_rope, turn_c, turn_s).to(x.dtype)
+            q_rope = rotate_pairs(q_rope, turn_c.unsqueeze(-2), turn_s.unsqueeze(-2)).to(q_nope.dtype)
         if cache is not None:
             latent = torch.cat([cache.latent, latent], dim=1)
             k_rope = torch.cat([cache.k_rope, k_rope], dim=1)

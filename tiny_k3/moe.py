@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import K3Config
-from .fused import autograd_needed
+from .fused import CachedWeights, autograd_needed
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -267,9 +267,9 @@ class LatentMoE(nn.Module):
         for weight in (self.w1, self.w3, self.w2):  # nn.Linear weights are TinyK3's `_init_weights`
             nn.init.normal_(weight, std=c.init_std)
         self._last_ids: torch.Tensor | None = None
-        # The fused paths' two matrices and the key they were built for (`_fused_weights`): a plain attribute,
-        # not a parameter or buffer, so the state_dict is unchanged.
-        self._fused: tuple | None = None
+        # The fused paths' two matrices (`_fused_weights`): a cache (tiny_k3/fused.py), so the state_dict is unchanged.
+        self._fused = CachedWeights(self, ("router", "down", "shared.w1", "shared.w3", "up", "latent_norm",
+                                           "shared.w2"), _fused_pair)
         self._situ_caps = None
 
     @property
@@ -329,10 +329,9 @@ class LatentMoE(nn.Module):
 
         W_in = [W_router; W_down; W1_shared; W3_shared] [E + l + 2 hs, D] reads x in one product; W_out =
         [W_up Diag(norm weight) | W2_shared] [D, l + hs] writes the output in one (`_output_weight`). Both are
-        kept while every part has the same storage, version and dtype (an optimiser step, a checkpoint load,
-        `.to()` rebuild them; parts made under inference mode have no version, so then they are built every
-        call). One pass over the modules checks the layout and keys the cache: at decode this bookkeeping
-        was a fifth of the step when done by a check and two separate caches."""
+        kept while every part has the same storage, version and dtype (`CachedWeights`: an optimiser step, a
+        checkpoint load, `.to()` rebuild them). One cache for both: at decode this bookkeeping was a fifth of
+        the step when done by two."""
         if x.dim() != 3 or (torch.is_grad_enabled() and self._parameters["w1"].requires_grad):
             return None
         c, mods = self.config, self._modules
@@ -346,20 +345,10 @@ class LatentMoE(nn.Module):
         s1, s2, s3 = inner["w1"], inner["w2"], inner["w3"]
         if type(s1) is not nn.Linear or type(s2) is not nn.Linear or type(s3) is not nn.Linear:
             return None
-        parts = (router._parameters["weight"], down._parameters["weight"], s1._parameters["weight"],
-                 s3._parameters["weight"], up._parameters["weight"], norm._parameters["weight"],
-                 s2._parameters["weight"])
-        if x.dtype != self._parameters["w1"].dtype or x.dtype != parts[0].dtype or autograd_needed(self.parameters()):
+        if (x.dtype != self._parameters["w1"].dtype or x.dtype != router._parameters["weight"].dtype
+                or autograd_needed(self.parameters())):
             return None
-        if any(p.is_inference() for p in parts):
-            with torch.no_grad():
-                return torch.cat(parts[:4]), _output_weight(*parts[4:])
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in parts)
-        cached = self._fused
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                cached = self.__dict__["_fused"] = (key, torch.cat(parts[:4]), _output_weight(*parts[4:]))
-        return cached[1], cached[2]
+        return self._fused()
 
     def _decode_token(self, x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor], recorder: Recorder,
                       layer: int, hooks) -> torch.Tensor:
@@ -636,6 +625,11 @@ def _scratch(slot: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Ten
         with torch.inference_mode(False):  # usable in place outside inference mode too (under no_grad)
             buffer = pool[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buffer[:numel].view(shape)
+
+
+def _fused_pair(router, down, w1_shared, w3_shared, up, norm, w2_shared) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights `_fused_weights` names -> (W_in [E + l + 2 hs, D], W_out [D, l + hs])."""
+    return torch.cat([router, down, w1_shared, w3_shared]), _output_weight(up, norm, w2_shared)
 
 
 def _output_weight(up: torch.Tensor, norm: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
