@@ -394,9 +394,12 @@ def test_too_strong_decay_halves_the_chunk_before_the_general_form(monkeypatch, 
     g = -0.9 - 0.2 * torch.rand(1, 100, 2, 8, dtype=F64)          # spread over 64 tokens ~ 60, over 16 ~ 15
     monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 20.0)
     sizes, general = [], []
-    carry, slow = chunk_module._carry_state, chunk_module._chunked_general
-    # every factored chunk passes through the state carry, whose W is [M, C, K]: it tells the chunk length
+    carry, segment, slow = chunk_module._carry_state, chunk_module._cpu_segment, chunk_module._chunked_general
+    # the autograd form's chunks pass through the state carry, whose W is [M, C, K]: it tells the chunk length;
+    # the CPU form's through `_cpu_segment(..., C)`, which returns None when it declines C
     monkeypatch.setattr(chunk_module, "_carry_state", lambda N, W, *a, **kw: sizes.append(W.shape[1]) or carry(N, W, *a, **kw))
+    monkeypatch.setattr(chunk_module, "_cpu_segment",
+                        lambda *a: (S := segment(*a)) is not None and sizes.append(a[-1]) or S)
     monkeypatch.setattr(chunk_module, "_chunked_general", lambda chunks, *a: general.append(chunks.C) or slow(chunks, *a))
     o, s = kda_chunked(q, k, v, g, beta, output_final_state=True, chunk_size=64)
     assert set(sizes) == {16} and general == []
@@ -419,11 +422,33 @@ def test_cpu_form_segments_carry_the_state_exactly(monkeypatch, chunks_per_segme
     h0 = _state(B, H, K, V)
     monkeypatch.setattr(chunk_module, "_SEGMENT_BYTES", chunks_per_segment * B * H * max(K, V) * C * 8)
     segments = []
-    carry = chunk_module._carry_state
-    monkeypatch.setattr(chunk_module, "_carry_state", lambda N, *a, **kw: segments.append(N) or carry(N, *a, **kw))
+    segment = chunk_module._cpu_segment
+    monkeypatch.setattr(chunk_module, "_cpu_segment", lambda q, *a: segments.append(q.shape[1] // C) or segment(q, *a))
     o, s = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=C, output_final_state=True)
     n_chunks = -(-T // C)
     assert sum(segments) == n_chunks and max(segments) == min(chunks_per_segment, n_chunks)
     o_ref, s_ref = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    torch.testing.assert_close(o, o_ref, atol=1e-10, rtol=0)
+    torch.testing.assert_close(s, s_ref, atol=1e-10, rtol=0)
+    h0_before = h0.clone()
+    again = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=C, output_final_state=True)
+    assert torch.equal(h0, h0_before), "the initial state must not be written"
+    assert all(torch.equal(a, b) for a, b in zip(again, (o, s))), "a second call (reused scratch) must give the same bits"
+
+
+def test_cpu_form_picks_the_chunk_per_segment(monkeypatch):
+    # a mild first half and a strongly decaying second half: the segments there factor at 32 tokens, the ones
+    # here only at 16 (spread limit 20: ~1 per token over 32 tokens is ~31), and the result is still exact
+    B, T, H, K, V = 1, 256, 2, 8, 8
+    q, k, v, g, beta = _inputs(B, T, H, K, V)
+    g = torch.cat([-0.1 * torch.rand(B, T // 2, H, K, dtype=F64), -0.9 - 0.2 * torch.rand(B, T // 2, H, K, dtype=F64)], 1)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 20.0)
+    monkeypatch.setattr(chunk_module, "_SEGMENT_BYTES", 2 * B * H * K * 32 * 8)     # two 32-token chunks a segment
+    taken, segment = [], chunk_module._cpu_segment
+    monkeypatch.setattr(chunk_module, "_cpu_segment",
+                        lambda q, *a: (S := segment(q, *a)) is not None and taken.append((q.shape[1], a[-1])) or S)
+    o, s = kda_chunked(q, k, v, g, beta, output_final_state=True, chunk_size=64)
+    assert taken == [(64, 32)] * 2 + [(64, 16)] * 2, taken
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, output_final_state=True)
     torch.testing.assert_close(o, o_ref, atol=1e-10, rtol=0)
     torch.testing.assert_close(s, s_ref, atol=1e-10, rtol=0)

@@ -10,6 +10,7 @@ Layout (fla, time-major): q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; state [B
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -294,8 +295,24 @@ def _carry_state(N: int, W, U0, k_out_t, decay, S, keep_decayed: bool, buffers=N
 # element-wise op on a 256 KB tensor runs ~2.5x the rate of one on 4 MB (L2 vs L3), a batched matmul
 # with a transposed operand first copies it (~3x a row-major one), and the in-chunk products grow with C
 # while the state carry does not. Hence segments sized for the caches, row-major operands only, and C = 32.
+# And fresh memory is dear: the first write to each 4 KB page faults (~3 us on a VM, ~1 us bare metal), and
+# glibc hands the freed megabytes back to the kernel, so per-call temporaries (~12 MB at T = 4096) fault
+# again on every call, ~10 ms of a ~25 ms call. Every intermediate therefore lives in a per-thread scratch
+# reused from segment to segment and from call to call; only the output is new memory.
 _CPU_CHUNK = 32                 # the longest chunk of `_chunked_cpu` (bench_kda: 32 beats 16 and 64)
 _SEGMENT_BYTES = 512 * 1024     # one [tokens, H, K] operand of a segment (256 KB-1 MB swept at 1 and 2 threads)
+_scratch = threading.local()    # name -> flat tensor, per thread (two threads never share a buffer)
+
+
+def _scratch_tensor(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor of `shape` for the intermediate `name`, the same memory on every call of this
+    thread (grown when a call needs more). Holds at most a few segments' worth: ~6 MB at the default sizes."""
+    store = _scratch.__dict__.setdefault("tensors", {})
+    numel = math.prod(shape)
+    flat = store.get(name)
+    if flat is None or flat.numel() < numel or flat.dtype != like.dtype or flat.device != like.device:
+        flat = store[name] = like.new_empty(numel)
+    return flat[:numel].view(shape)
 
 
 def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -307,60 +324,84 @@ def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
 def _chunked_cpu(q, k, v, g, beta, S, scale, C) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`_chunked_factored`'s equations without autograd, a segment of chunks at a time -> (O [B,T,H,V], S).
 
-    q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; S [B*H, K, V] in the compute dtype; C the longest chunk.
-    Returns None when Γ's range over some chunk is too wide to factor even at 16 tokens.
-
-    With to_end = Γ_C - Γ (a product with the strictly upper ones: Σ of g after each token), e = e^to_end:
-        k↓ = K ⊙ e,   k↑ = Diag(β) K / e,   q↑ = scale Q / e,   A = strict_tril(k↑ k↓^T),  P = tril(q↑ k↓^T)
-        W = (I+A)^-1 k↑,  U0 = (I+A)^-1 Diag(β) V;  per chunk: S~ = Diag(e^Γ_C) S, U = U0 - W S~,
-        O = q↑ S~ + P U,  S <- S~ + k↓^T U.
-    The sequence is cut into segments of about `_SEGMENT_BYTES` per operand: each segment's chunks are
-    formed at once, in buffers reused from segment to segment, then the state is carried through them.
-    k↓^T [K, C] is the one transposed operand, made by a single copy per segment.
+    q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; S [B*H, K, V] in the compute dtype (never written: it may
+    be the caller's initial state); C the longest chunk. The sequence is cut into segments of about
+    `_SEGMENT_BYTES` per operand, and `_cpu_segment` carries the state through each in turn, at C or, where
+    that segment's decay is too strong to factor at C, at C/2, C/4 ... down to 16. Returns None when even
+    16 tokens are too many for some segment (the caller then runs the general form).
     """
     B, T, H, K = q.shape
     V, dtype = v.shape[-1], S.dtype
-    while True:  # the chunk: C, or C/2, C/4 ... down to 16 where the decay is too strong to factor at C
-        N = -(-T // C)
-        g_pad = _pad_time(g.to(dtype), N * C)
-        upper = torch.ones(C, C, dtype=dtype, device=g.device).triu(1)
-        to_end = (upper @ g_pad.reshape(B * N, C, H * K)).view(B, N * C, H, K)
-        lo, hi = torch.aminmax(to_end)
-        if float(hi - lo) <= _max_safe_spread(dtype, backward=False):
-            break
-        if C <= _SUB_CHUNK or C % 2:
-            return None
-        C //= 2
-    q, k, v, beta = (_pad_time(t.to(dtype), N * C) for t in (q, k, v, beta))
+    N = -(-T // C)
+    q, k, v, g, beta = (_pad_time(t.to(dtype), N * C) for t in (q, k, v, g, beta))
     beta = beta.unsqueeze(-1)                                   # [B, T, H, 1]
     seg = max(1, _SEGMENT_BYTES // (B * H * max(K, V) * C * torch.finfo(dtype).bits // 8)) * C
-    R_max = min(N, seg // C)
-
-    def chunked(x):  # [B, R*C, H, D] -> [R, B, H, C, D] (a strided view)
-        return x.unflatten(1, (x.shape[1] // C, C)).permute(1, 0, 3, 2, 4)
-
-    buf = dict(k_down_t=q.new_empty(R_max, B, H, K, C), q_up=q.new_empty(R_max, B, H, C, K),
-               k_up=q.new_empty(R_max, B, H, C, K), v_beta=q.new_empty(R_max, B, H, C, V),
-               starts=q.new_empty(R_max, B * H, K, V), U=q.new_empty(R_max, B * H, C, V))
     out = q.new_empty(B, N * C, H, V)
     for t0 in range(0, N * C, seg):
-        t1 = min(t0 + seg, N * C)
-        R = (t1 - t0) // C
-        M = R * B * H
-        b = {name: t[:R] for name, t in buf.items()}
-        q_s, k_s, v_s, beta_s, to_end_s = (t[:, t0:t1] for t in (q, k, v, beta, to_end))
-        decay = (to_end_s[:, ::C] + g_pad[:, t0:t1:C]).exp().permute(1, 0, 2, 3).reshape(M, K, 1)  # e^Γ_C
-        e = to_end_s.exp()
-        e_inv = e.reciprocal()
-        k_down_t = b["k_down_t"].copy_(chunked(k_s * e).mT).view(M, K, C)
-        q_up = torch.mul(chunked(q_s * e_inv), scale, out=b["q_up"]).view(M, C, K)
-        k_up = b["k_up"].copy_(chunked(k_s * e_inv.mul_(beta_s))).view(M, C, K)
-        v_beta = b["v_beta"].copy_(chunked(v_s * beta_s)).view(M, C, V)
-        A = torch.bmm(k_up, k_down_t).tril_(-1)
-        P = torch.bmm(q_up, k_down_t).tril_()
-        T_inv = _unit_lower_inverse(A)
-        starts, U, S = _carry_state(R, T_inv @ k_up, T_inv @ v_beta, k_down_t, decay, S, keep_decayed=True,
-                                    buffers=(b["starts"], b["U"]))
-        O = torch.bmm(q_up, starts).baddbmm_(P, U)                 # already scaled: q↑ carries it
-        out[:, t0:t1].unflatten(1, (R, C)).copy_(O.view(R, B, H, C, V).permute(1, 0, 3, 2, 4))
+        parts = [t[:, t0:t0 + seg] for t in (q, k, v, g, beta, out)]
+        chunk = C
+        while (S_next := _cpu_segment(*parts, S, scale, chunk)) is None:
+            if chunk <= _SUB_CHUNK or chunk % 2:
+                return None
+            chunk //= 2
+        S = S_next
     return out[:, :T], S
+
+
+def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor | None:
+    """One segment of `_chunked_cpu`: writes O into `out` [B, L, H, V] and returns the state after it, or None
+    (nothing written) when the range of Γ_C - Γ over its chunks is too wide to factor at C.
+
+    With to_end = Γ_C - Γ (a product with the strictly upper ones: Σ of g after each token), e = e^to_end:
+        k↓ = K ⊙ e,   k↑ = Diag(β) K / e,   q↑ = Q / e,   A = strict_tril(k↑ k↓^T),  P = tril(q↑ k↓^T)
+        W = (I+A)^-1 k↑,  U0 = (I+A)^-1 Diag(β) V;  per chunk n: S~_n = Diag(e^Γ_C) S, U = U0 - W S~_n,
+        S <- S~_n + k↓^T U,  and after the loop  O = scale (q↑ S~ + P U)  for all chunks at once.
+    In the loop S~_{n+1} = D_{n+1} S~_n + (D_{n+1} k↓_n^T) U_n is formed in place (D = Diag(e^Γ_C)), the
+    second factor for all chunks beforehand: three ops per chunk and no copies. k↓^T [K, C] is the one
+    transposed operand: the product that forms it writes it transposed.
+    """
+    B, L, H, K = q.shape
+    V, R = v.shape[-1], L // C
+    BH, M = B * H, L // C * B * H
+
+    def chunked(x):  # [B, R*C, H, D] -> [R, B, H, C, D] (a strided view)
+        return x.unflatten(1, (R, C)).permute(1, 0, 3, 2, 4)
+
+    def scratch(name, *shape):
+        return _scratch_tensor(name, shape, q)
+
+    upper = torch.ones(C, C, dtype=q.dtype).triu_(1)
+    x = torch.matmul(upper, g.reshape(B * R, C, H * K), out=scratch("to_end", B * R, C, H * K))
+    lo, hi = torch.aminmax(x)
+    if float(hi - lo) > _max_safe_spread(q.dtype, backward=False):
+        return None
+    decay = (x[:, 0] + g.reshape(B * R, C, H * K)[:, 0]).exp_()          # e^Γ_C per chunk, [B*R, H*K]
+    decay = decay.view(B, R, H, K).transpose(0, 1).reshape(R, BH, K, 1)
+    e = x.exp_().view(B, L, H, K)
+    k_down_t = scratch("k_down_t", R, B, H, K, C)
+    torch.mul(chunked(k), chunked(e), out=k_down_t.mT)
+    e_inv = e.reciprocal_()
+    q_up = torch.mul(chunked(q), chunked(e_inv), out=scratch("q_up", R, B, H, C, K)).view(M, C, K)
+    k_up = torch.mul(chunked(k), chunked(e_inv.mul_(beta)), out=scratch("k_up", R, B, H, C, K)).view(M, C, K)
+    v_beta = torch.mul(chunked(v), chunked(beta), out=scratch("v_beta", R, B, H, C, V)).view(M, C, V)
+    k_down_t = k_down_t.view(M, K, C)
+    A = torch.bmm(k_up, k_down_t, out=scratch("A", M, C, C)).tril_(-1)
+    P = torch.bmm(q_up, k_down_t, out=scratch("P", M, C, C)).tril_()
+    eye = torch.eye(C, dtype=q.dtype).expand(M, C, C)
+    T_inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True, out=scratch("T_inv", M, C, C))
+    W = torch.bmm(T_inv, k_up, out=scratch("W", M, C, K)).view(R, BH, C, K)
+    U = torch.bmm(T_inv, v_beta, out=scratch("U", M, C, V)).view(R, BH, C, V)   # U0, made U in the loop
+    k_down_t = k_down_t.view(R, BH, K, C)
+    decayed_k = torch.mul(decay[1:], k_down_t[:-1], out=scratch("decayed_k", R - 1, BH, K, C))
+    starts = scratch("starts", R, BH, K, V)                                  # S~_n for every chunk
+    torch.mul(decay[0], S, out=starts[0])
+    # per-chunk views made once (indexing a tensor in the loop costs more than the small products)
+    U_n, W_n, start_n, decay_n, decayed_k_n = (t.unbind() for t in (U, W, starts, decay, decayed_k))
+    for n in range(R - 1):
+        U_n[n].baddbmm_(W_n[n], start_n[n], alpha=-1)
+        torch.mul(decay_n[n + 1], start_n[n], out=start_n[n + 1]).baddbmm_(decayed_k_n[n], U_n[n])
+    U_n[-1].baddbmm_(W_n[-1], start_n[-1], alpha=-1)
+    S = torch.baddbmm(start_n[-1], k_down_t[-1], U_n[-1])                   # new memory: returned to the caller
+    O = torch.bmm(q_up, starts.view(M, K, V), out=scratch("O", M, C, V)).baddbmm_(P, U.view(M, C, V))
+    torch.mul(O.view(R, B, H, C, V), scale, out=chunked(out))
+    return S
