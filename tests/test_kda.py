@@ -452,3 +452,17 @@ def test_cpu_form_picks_the_chunk_per_segment(monkeypatch):
     o_ref, s_ref = kda_recurrent(q, k, v, g, beta, output_final_state=True)
     torch.testing.assert_close(o, o_ref, atol=1e-10, rtol=0)
     torch.testing.assert_close(s, s_ref, atol=1e-10, rtol=0)
+
+
+def test_cpu_form_scratch_serves_inference_mode_and_no_grad_alike():
+    # the scratch outlives a call: made under inference_mode it must still be writable under no_grad (and back)
+    q, k, v, g, beta = (t.float() for t in _inputs(1, 100, 2, 8, 8, lower_bound=-5.0))
+    chunk_module._scratch.__dict__.clear()
+    with torch.inference_mode():
+        first = kda_chunked(q, k, v, g, beta)[0]
+    with torch.no_grad():
+        second = kda_chunked(q, k, v, g, beta)[0]
+    with torch.inference_mode():
+        third = kda_chunked(q, k, v, g, beta)[0]
+    assert torch.equal(first, second) and torch.equal(second, third)
+    torch.testing.assert_close(first.double(), kda_recurrent(q, k, v, g, beta)[0].double(), atol=1e-5, rtol=0)

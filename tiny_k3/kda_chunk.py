@@ -311,7 +311,8 @@ def _scratch_tensor(name: str, shape: tuple[int, ...], like: torch.Tensor) -> to
     numel = math.prod(shape)
     flat = store.get(name)
     if flat is None or flat.numel() < numel or flat.dtype != like.dtype or flat.device != like.device:
-        flat = store[name] = like.new_empty(numel)
+        with torch.inference_mode(False):  # a normal tensor: writable inside and outside inference mode
+            flat = store[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return flat[:numel].view(shape)
 
 
