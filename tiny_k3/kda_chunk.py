@@ -9,6 +9,7 @@ Layout (fla, time-major): q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; state [B
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -316,6 +317,13 @@ def _scratch_tensor(name: str, shape: tuple[int, ...], like: torch.Tensor) -> to
     return flat[:numel].view(shape)
 
 
+@functools.lru_cache(maxsize=16)
+def _chunk_constants(C: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(strictly upper ones [C, C]: Σ of what follows, identity [C, C]), made once per chunk length. Read only."""
+    with torch.inference_mode(False):
+        return (torch.ones(C, C, dtype=dtype, device=device).triu_(1), torch.eye(C, dtype=dtype, device=device))
+
+
 def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
     """x [B, T, ...] zero-padded along time to `length` (no copy when already that long)."""
     pad = length - x.shape[1]
@@ -371,7 +379,7 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     def scratch(name, *shape):
         return _scratch_tensor(name, shape, q)
 
-    upper = torch.ones(C, C, dtype=q.dtype).triu_(1)
+    upper, eye = _chunk_constants(C, q.dtype, q.device)
     x = torch.matmul(upper, g.reshape(B * R, C, H * K), out=scratch("to_end", B * R, C, H * K))
     lo, hi = torch.aminmax(x)
     if float(hi - lo) > _max_safe_spread(q.dtype, backward=False):
@@ -388,8 +396,8 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     k_down_t = k_down_t.view(M, K, C)
     A = torch.bmm(k_up, k_down_t, out=scratch("A", M, C, C)).tril_(-1)
     P = torch.bmm(q_up, k_down_t, out=scratch("P", M, C, C)).tril_()
-    eye = torch.eye(C, dtype=q.dtype).expand(M, C, C)
-    T_inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True, out=scratch("T_inv", M, C, C))
+    T_inv = torch.linalg.solve_triangular(A, eye.expand(M, C, C), upper=False, unitriangular=True,
+                                          out=scratch("T_inv", M, C, C))             # (I + A)^-1
     W = torch.bmm(T_inv, k_up, out=scratch("W", M, C, K)).view(R, BH, C, K)
     U = torch.bmm(T_inv, v_beta, out=scratch("U", M, C, V)).view(R, BH, C, V)   # U0, made U in the loop
     k_down_t = k_down_t.view(R, BH, K, C)
