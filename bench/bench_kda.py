@@ -3,10 +3,11 @@
     python bench/bench_kda.py [--threads 1 2] [--chunk 64] [--lengths 1024 4096 16384] [--device cuda]
 
 B=1, H=4, K=V=64, float32, K3's lower-bound gate at fla's init. For each thread count, in one run:
-`kda_chunked` (best of several rounds; without autograd on CPU it takes its segment-by-segment form, whose
-chunks are at most 32 tokens: `--chunk` sets the other forms' chunk), fla-core's pure-torch `naive_recurrent_kda` (the public reference,
-one pass; loaded from its file, since fla's package import needs triton) and our own `kda_recurrent`
-(the definition). A recurrence is timed on a prefix when a full pass would take over 30 s (then scaled to
+`kda_chunked` (best of `--rounds`; without autograd on CPU it takes its segment-by-segment form, whose chunks
+are at most 32 tokens: `--chunk` sets the other forms' chunk), fla-core's pure-torch `naive_recurrent_kda` (the
+public reference, best of `--reference-rounds` passes taken in turn with the chunked rounds: one pass alone moved
+by up to 40 % with the 2-core machine's phase; loaded from its file, since fla's package import needs triton)
+and our own `kda_recurrent` (the definition, one pass). faults/call: the chunked form's minor page faults. A recurrence is timed on a prefix when a full pass would take over 30 s (then scaled to
 the full length, which is exact for a loop of identical steps, and marked '*'). The last line per thread
 count repeats the longest chunked run with every channel decaying at the bound (g = -5), the worst case:
 no chunk can be factored in one piece, so every chunk is split into sub-chunks.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import pathlib
+import resource
 import sys
 import time
 
@@ -78,6 +80,21 @@ def best_ms(fn, rounds: int, sync) -> float:
     return best
 
 
+def chunked_vs_reference(chunked, reference, x, rounds: int, reference_rounds: int, sync):
+    """Best ms of `chunked()` over `rounds`, of the recurrence `reference` over `reference_rounds` passes, the two
+    taking turns (a slow phase of the machine then slows both), and the chunked form's minor page faults per call.
+    -> (chunked ms, reference ms or None, whether the reference was timed on a prefix, faults per call)."""
+    best, theirs, cut, faults = float("inf"), None, False, 0
+    for r in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        best = min(best, best_ms(chunked, 1, sync))
+        faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        if reference is not None and r < reference_rounds:
+            ms, cut, _ = recurrence_ms(reference, x, sync)
+            theirs = ms if theirs is None else min(theirs, ms)
+    return best, theirs, cut, faults / rounds
+
+
 def recurrence_ms(fn, x, sync) -> tuple[float, bool, torch.Tensor]:
     """ms of one pass of a recurrence over x (a 1024-token prefix, scaled, when the full one projects past 30 s)."""
     T = x[0].shape[1]
@@ -99,6 +116,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="CPU thread counts to run")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--reference-rounds", type=int, default=3,
+                        help="passes of fla's recurrence, interleaved with the chunked rounds (its best is used)")
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
@@ -115,7 +134,7 @@ def main() -> None:
         print(f"\ntorch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, clock {args.clock}, "
               f"B=1 H={H} K=V={K} float32, chunk {args.chunk}")
         print(f"{'T':>6} {'chunked ms':>11} {'fla naive ms':>13} {'vs fla':>7} {'ours rec ms':>12} {'vs ours':>8} "
-              f"{'max |diff|':>11}")
+              f"{'max |diff|':>11} {'faults/call':>12}")
         with torch.inference_mode():
             warm = inputs(256, args.device)
             for _ in range(3):
@@ -125,16 +144,16 @@ def main() -> None:
                     fla(*warm)
             for T in args.lengths:
                 x = inputs(T, args.device)
-                chunked = best_ms(lambda: kda_chunked(*x, chunk_size=args.chunk), args.rounds, sync)
+                chunked, theirs, cut_fla, faults = chunked_vs_reference(
+                    lambda: kda_chunked(*x, chunk_size=args.chunk), fla, x, args.rounds, args.reference_rounds, sync)
                 ours, cut, o_rec = recurrence_ms(kda_recurrent, x, sync)
                 diff = (kda_chunked(*x, chunk_size=args.chunk)[0][:, :o_rec.shape[1]] - o_rec).abs().max().item()
-                if fla is not None:
-                    theirs, cut_fla, _ = recurrence_ms(fla, x, sync)
+                if theirs is not None:
                     fla_cols = f"{theirs:>12.0f}{'*' if cut_fla else ' '} {theirs / chunked:>6.1f}x"
                 else:
                     fla_cols = f"{'-':>13} {'-':>7}"
                 print(f"{T:>6} {chunked:>11.1f} {fla_cols} {ours:>11.0f}{'*' if cut else ' '} "
-                      f"{ours / chunked:>7.1f}x {diff:>11.1e}")
+                      f"{ours / chunked:>7.1f}x {diff:>11.1e} {faults:>12.0f}")
             T = args.lengths[-1]
             x = inputs(T, args.device, strong_decay=True)
             worst = best_ms(lambda: kda_chunked(*x, chunk_size=args.chunk), 3, sync)
