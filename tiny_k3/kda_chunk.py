@@ -297,8 +297,8 @@ def _carry_state(N: int, W, U0, k_out_t, decay, S, keep_decayed: bool, buffers=N
 # with a transposed operand first copies it (~3x a row-major one), and the in-chunk products grow with C
 # while the state carry does not. Hence segments sized for the caches, row-major operands only, and C = 32.
 # And fresh memory is dear: the first write to each 4 KB page faults (~3 us on a VM, ~1 us bare metal), and
-# glibc hands the freed megabytes back to the kernel, so per-call temporaries (~12 MB at T = 4096) fault
-# again on every call, ~10 ms of a ~25 ms call. Every intermediate therefore lives in a per-thread scratch
+# glibc hands the freed megabytes back to the kernel, so per-call temporaries fault again on every call
+# (measured at T = 4096: ~3,700 faults a call, ~10 ms of a 35 ms call, before this form kept them). Every intermediate therefore lives in a per-thread scratch
 # reused from segment to segment and from call to call; only the output is new memory.
 _CPU_CHUNK = 32                 # the longest chunk of `_chunked_cpu` (bench_kda: 32 beats 16 and 64)
 _SEGMENT_BYTES = 512 * 1024     # one [tokens, H, K] operand of a segment (256 KB-1 MB swept at 1 and 2 threads)
@@ -404,13 +404,13 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     decayed_k = torch.mul(decay[1:], k_down_t[:-1], out=scratch("decayed_k", R - 1, BH, K, C))
     starts = scratch("starts", R, BH, K, V)                                  # S~_n for every chunk
     torch.mul(decay[0], S, out=starts[0])
-    # per-chunk views made once (indexing a tensor in the loop costs more than the small products)
-    U_n, W_n, start_n, decay_n, decayed_k_n = (t.unbind() for t in (U, W, starts, decay, decayed_k))
+    # per-chunk views, made once: indexing a tensor 8 times a chunk would cost about what one product does
+    Us, Ws, Xs, Ds, DKs = (t.unbind() for t in (U, W, starts, decay, decayed_k))   # Xs[n] = S~_n
     for n in range(R - 1):
-        U_n[n].baddbmm_(W_n[n], start_n[n], alpha=-1)
-        torch.mul(decay_n[n + 1], start_n[n], out=start_n[n + 1]).baddbmm_(decayed_k_n[n], U_n[n])
-    U_n[-1].baddbmm_(W_n[-1], start_n[-1], alpha=-1)
-    S = torch.baddbmm(start_n[-1], k_down_t[-1], U_n[-1])                   # new memory: returned to the caller
+        Us[n].baddbmm_(Ws[n], Xs[n], alpha=-1)                                # U_n = U0_n - W_n S~_n
+        torch.mul(Ds[n + 1], Xs[n], out=Xs[n + 1]).baddbmm_(DKs[n], Us[n])   # S~_n+1 = D S~_n + (D k↓_n^T) U_n
+    Us[-1].baddbmm_(Ws[-1], Xs[-1], alpha=-1)
+    S = torch.baddbmm(Xs[-1], k_down_t[-1], Us[-1])                         # new memory: returned to the caller
     O = torch.bmm(q_up, starts.view(M, K, V), out=scratch("O", M, C, V)).baddbmm_(P, U.view(M, C, V))
     torch.mul(O.view(R, B, H, C, V), scale, out=chunked(out))
     return S
