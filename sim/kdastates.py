@@ -110,7 +110,7 @@ class KDALinks:
 
     @staticmethod
     def _key(states) -> tuple:
-        return tuple(None if s is None else (s.data_ptr(), s._version) for s in states)
+        return tuple(None if s is None else (s.data_ptr(), 0 if s.is_inference() else s._version) for s in states)
 
     def parent(self, prev_states):
         """The step whose output states are `prev_states` (per KDA layer, None: a zero state), if kept; it

@@ -115,10 +115,10 @@ class FrameRecorder(Recorder):
     def _bias(self, layer: int, bias: torch.Tensor | None, num_experts: int) -> np.ndarray:
         if bias is None:   # no selection bias (NoSelectionBias): one shared zero array per layer
             key, bias = ("zeros", num_experts), torch.zeros(num_experts)
-        else:
-            key = (bias.data_ptr(), bias._version)
+        else:   # (an inference tensor, from a model built in inference mode, has no version: never reused)
+            key = None if bias.is_inference() else (bias.data_ptr(), bias._version)
         hit = self._bias_cache.get(layer)
-        if hit is None or hit[0] != key:
+        if hit is None or key is None or hit[0] != key:
             hit = self._bias_cache[layer] = (key, _numpy(bias.detach().clone()))
         return hit[1]
 

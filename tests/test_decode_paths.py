@@ -108,3 +108,53 @@ def test_mla_layer_decode_without_autograd_equals_with_it(preset):
     torch.testing.assert_close(torch.cat(fast, 1), torch.cat(ys, 1).detach(), atol=1e-12, rtol=0)
     torch.testing.assert_close(torch.cat(fast, 1), whole, atol=1e-12, rtol=0)
     torch.testing.assert_close(cache_fast.latent, cache.latent.detach(), atol=0, rtol=0)
+
+
+def _decode(model, tokens, cache=None):
+    logits = []
+    for t in range(tokens.shape[1]):
+        out, cache = model(tokens[:, t:t + 1], cache)
+        logits.append(out)
+    return torch.cat(logits, 1), cache
+
+
+@pytest.mark.parametrize("preset", ["tiny", "kimi-linear-tiny"])
+def test_forward_without_autograd_runs_in_inference_mode_with_the_same_bits(preset, monkeypatch):
+    # no_grad enters inference mode (tiny_k3/model.py): the same kernels as plain no_grad, so the very same
+    # logits and cache, token by token
+    from tiny_k3 import K3Config, TinyK3, model as model_module
+    torch.manual_seed(0)
+    model = TinyK3(K3Config.preset(preset)).eval()
+    tokens = torch.randint(0, 256, (1, 6))
+    with torch.no_grad():
+        fast, cache = _decode(model, tokens)
+        assert model(tokens[:, :1])[0].is_inference() and cache.layers[0].state.is_inference()
+    monkeypatch.setattr(model_module, "INFERENCE_MODE", False)
+    with torch.no_grad():
+        slow, cache_slow = _decode(model, tokens)
+    assert not cache_slow.layers[0].state.is_inference()
+    assert torch.equal(fast, slow)
+    assert all(torch.equal(a, b) for c, d in zip(cache.layers, cache_slow.layers)
+               for a, b in zip(vars(c).values(), vars(d).values()))
+
+
+def test_a_cache_made_without_autograd_continues_with_it():
+    # inference tensors cannot be saved for backward: the forward clones such a cache when autograd is on
+    from tiny_k3 import K3Config, TinyK3
+    torch.manual_seed(0)
+    model = TinyK3(K3Config.preset("tiny"))
+    tokens = torch.randint(0, 256, (1, 5))
+    with torch.no_grad():
+        _, cache = model(tokens[:, :3])
+    with torch.inference_mode(False), torch.enable_grad():
+        logits, grown = model(tokens[:, 3:], cache)
+        logits.square().sum().backward()
+    assert cache.position == 3 and grown is not cache and not grown.layers[0].state.is_inference()
+    grad = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+    _, normal = model(tokens[:, :3])                    # the same prefix with autograd, detached: the same gradient
+    for c in normal.layers:
+        for name, t in vars(c).items():
+            setattr(c, name, t.detach())
+    model(tokens[:, 3:], normal)[0].square().sum().backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, grad, atol=1e-6, rtol=1e-5)

@@ -165,3 +165,19 @@ def test_cached_cat_of_inference_tensors_is_rebuilt_every_call():
         moe.gather_max_elements = 0
         torch.testing.assert_close(after, moe(x), atol=1e-6, rtol=0)
     assert (after - before).abs().max() > 1e-4
+
+
+def test_a_value_first_built_without_autograd_serves_autograd_later():
+    # the first call runs in inference mode (TinyK3.forward under no_grad); later a frozen model gives gradients
+    # to its input through the kept fused weight: it must be a normal tensor
+    from tiny_k3 import TinyK3
+    torch.manual_seed(0)
+    model = TinyK3(K3Config.preset("tiny")).requires_grad_(False)
+    tokens = torch.randint(0, 256, (1, 4))
+    with torch.no_grad():
+        model(tokens)
+    x = model.embed(tokens).requires_grad_(True)
+    block = model.blocks[0]
+    y, _ = block.attn(block.attn_norm(x))
+    y.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

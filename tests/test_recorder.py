@@ -108,3 +108,18 @@ def test_frames_carry_their_choice_as_fields():
     assert last.prompt and not last.forced and last.choice == Choice.sampled(0.5, 3)
     sim.step(force_token="z")
     assert sim.frames[-2].choice == Choice.forced(ord("z")) and sim.frames[-2].prompt
+
+
+def test_a_model_built_in_inference_mode_records_and_its_bias_changes_are_seen():
+    # its buffers are inference tensors, which have no version counter: the bias array is made afresh each step
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model = TinyK3(K3Config.preset("tiny")).eval()
+        cache_of_bias: dict = {}
+        runs = []
+        for shift in (0.0, 0.5):
+            model.moe_layers()[0].router.bias += shift
+            rec = FrameRecorder(cache_of_bias)
+            model(torch.tensor([[256]]), recorder=rec)
+            runs.append(rec.finish())
+    np.testing.assert_allclose(runs[1].routing[0].bias - runs[0].routing[0].bias, 0.5)

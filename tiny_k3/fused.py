@@ -58,7 +58,9 @@ class CachedWeights:
                 return self.build(*parts)
         key = tuple((t.data_ptr(), t._version, t.dtype) for t in parts)
         if key != self._key:
-            with torch.no_grad():
+            # A normal tensor even when first built in inference mode (a forward without autograd runs in it):
+            # autograd may use the kept value later (frozen weights, an input that requires grad).
+            with torch.no_grad(), torch.inference_mode(False):
                 self._value = self.build(*parts)
             self._key = key
         return self._value

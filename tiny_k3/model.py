@@ -33,6 +33,9 @@ from .probe import NO_RECORDER, Recorder
 from .weights import CheckpointError, available_pretrained, config_for, load_pretrained
 
 
+INFERENCE_MODE = True   # without autograd, forward runs in inference mode (see TinyK3.forward); False: plain no_grad
+
+
 class Padding(NamedTuple):
     """Left padding of one forward call (B rows, T new tokens, S = past + T cached and new).
 
@@ -97,6 +100,11 @@ class Block(nn.Module):
         stream.add(out)
 
 
+def _has_inference_tensors(cache: ModelCache) -> bool:
+    parts = [t for c in cache.layers if c is not None for t in vars(c).values() if isinstance(t, torch.Tensor)]
+    return any(t.is_inference() for t in parts + [cache.key_mask] if t is not None)
+
+
 def _init_weights(module: nn.Module, std: float) -> None:
     """nanoGPT's one initialisation pass: every nn.Linear and nn.Embedding weight ~ N(0, std).
 
@@ -143,6 +151,14 @@ class TinyK3(nn.Module):
         hooks: a tiny_k3.hooks.Hooks of what-if changes (routing, KDA state and decay, depth weights, MLA
         window) in force for this call; None runs the model as trained.
         """
+        if INFERENCE_MODE and not torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            # Without autograd the pass runs in inference mode: no version counters or view tracking, a tenth to
+            # a sixth less dispatch cost per op, which at decode widths is most of an op's cost. The logits and
+            # the cache it returns are inference tensors (read them freely; clone one before changing it in place).
+            with torch.inference_mode():
+                return self.forward(tokens, cache, recorder, attention_mask, hooks)
+        if torch.is_grad_enabled() and cache is not None and _has_inference_tensors(cache):
+            cache = cache.clone()   # a cache made without autograd, continued with it: autograd needs normal tensors
         cfg = self.config
         recorder = NO_RECORDER if recorder is None else recorder
         if tokens.dim() != 2 or tokens.shape[1] == 0:
