@@ -20,6 +20,34 @@ def test_rms_norm_is_the_written_out_formula_bit_for_bit(dtype, with_weight):
     torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(3, 5, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-6), (F64, 1e-14)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_of_one_row_equals_the_formula(dtype, atol, with_weight):
+    # one row without autograd (a decode step) takes rms_norm_row: the reference to within an ulp of the output
+    from tiny_k3.norm import rms_norm_row
+    gen = torch.Generator().manual_seed(0)
+    weight = (1 + torch.randn(64, generator=gen, dtype=dtype)) if with_weight else None
+    for scale in (1e-3, 1.0, 30.0):
+        x = torch.randn(1, 1, 64, generator=gen, dtype=dtype) * scale
+        reference = rms_norm_reference(x, weight, 1e-6)
+        for y in (rms_norm(x, weight, 1e-6), rms_norm_row(x, weight, 1e-6)):
+            assert y.shape == x.shape and y.dtype == dtype
+            torch.testing.assert_close(y, reference, atol=atol * float(reference.abs().max()), rtol=0)
+    assert not torch.equal(rms_norm(x, None, 1e-6), x)                        # it does normalise
+    zero = torch.zeros(1, 1, 64, dtype=dtype)                                  # eps keeps a zero row finite
+    assert torch.equal(rms_norm_row(zero, weight), zero)
+
+
+def test_rms_norm_of_one_row_under_autograd_takes_the_differentiable_path():
+    x = torch.randn(1, 1, 16, dtype=F64, requires_grad=True)
+    weight = torch.randn(16, dtype=F64, requires_grad=True)
+    rms_norm(x, weight).sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(True), weight.detach().clone().requires_grad_(True)
+    rms_norm_reference(x2, w2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, atol=1e-12, rtol=0)
+    torch.testing.assert_close(weight.grad, w2.grad, atol=1e-12, rtol=0)
+
+
 def test_rms_norm_with_a_weight_of_another_dtype_promotes():
     x, weight = torch.randn(2, 8), torch.ones(8, dtype=F64) * 2
     y = rms_norm(x, weight)
@@ -107,7 +135,7 @@ def test_mla_layer_decode_without_autograd_equals_with_it(preset):
         whole, _ = mla(x)                                          # and one prefill of all 7 (expanded, causal)
     torch.testing.assert_close(torch.cat(fast, 1), torch.cat(ys, 1).detach(), atol=1e-12, rtol=0)
     torch.testing.assert_close(torch.cat(fast, 1), whole, atol=1e-12, rtol=0)
-    torch.testing.assert_close(cache_fast.latent, cache.latent.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(cache_fast.latent, cache.latent.detach(), atol=1e-14, rtol=0)   # (rms_norm_row: an ulp)
 
 
 def _decode(model, tokens, cache=None):

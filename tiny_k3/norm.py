@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,11 +12,34 @@ from torch import nn
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight over the last dimension. x [..., D], weight [D]."""
-    if weight is None or weight.dtype == x.dtype:
-        # torch's own op: the same formula, the same bits (tests/test_fast_paths.py), one call from Python
-        # instead of six (a decode step of k3-topo makes ~250 of these)
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return rms_norm_reference(x, weight, eps)
+    if weight is not None and weight.dtype != x.dtype:
+        return rms_norm_reference(x, weight, eps)
+    D = x.shape[-1]
+    if (x.numel() == D and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))):
+        return rms_norm_row(x, weight, eps)
+    # torch's own op: the same formula, the same bits (tests/test_decode_paths.py), one call from Python
+    # instead of six
+    return F.rms_norm(x, (D,), weight, eps)
+
+
+def rms_norm_row(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """`rms_norm` of one row on the CPU (a decode step: x [1, 1, D]) without autograd, in two ops: the mean
+    square as one dot product read back as a Python float, then x * r * weight as one addcmul with r a scalar.
+    torch's rms_norm is a chain of seven dispatched ops on the CPU (~20 us a call where this takes ~8; a k3-topo
+    step with its twin makes ~680 of them). r is computed in float64 and rounded once, so the result is the
+    reference's to within an ulp (equal in most places; tests/test_decode_paths.py)."""
+    flat = x.reshape(-1)
+    r = 1.0 / math.sqrt(float(torch.dot(flat, flat)) / flat.shape[0] + eps)
+    if weight is None:
+        return x * r
+    return torch.addcmul(_zero(x.dtype), x, weight, value=r)     # 0 + (r x) w
+
+
+@lru_cache(maxsize=None)
+def _zero(dtype: torch.dtype) -> torch.Tensor:
+    with torch.inference_mode(False):   # a normal tensor, usable in and out of inference mode
+        return torch.zeros((), dtype=dtype)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
