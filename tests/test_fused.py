@@ -1,11 +1,13 @@
 """The inference fast paths (tiny_k3/fused.py, kda_step, the KDA decode conv) against their references."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 from tiny_k3 import K3Config, TinyK3
-from tiny_k3.fused import CachedCat, FusedLinears
+from tiny_k3.fused import CachedCat, CachedWeights, FusedLinears
 from tiny_k3.kda import KDALayer, kda_recurrent, kda_step
 
 F64 = torch.float64
@@ -172,10 +174,15 @@ def test_a_value_first_built_without_autograd_serves_autograd_later():
     # to its input through the kept fused weight: it must be a normal tensor
     from tiny_k3 import TinyK3
     torch.manual_seed(0)
-    model = TinyK3(K3Config.preset("tiny")).requires_grad_(False)
+    model = TinyK3(K3Config.preset("tiny"))
     tokens = torch.randint(0, 256, (1, 4))
     with torch.no_grad():
         model(tokens)
+    kept = [t for m in model.modules() for c in vars(m).values() if isinstance(c, CachedWeights)
+            for t in (c._value if isinstance(c._value, tuple) else (c._value,)) if t is not None]
+    assert kept and all(t.is_leaf and not t.requires_grad and not t.is_inference() for t in kept)
+    copy.deepcopy(model)                                       # (deepcopy takes leaves only)
+    model.requires_grad_(False)
     x = model.embed(tokens).requires_grad_(True)
     block = model.blocks[0]
     y, _ = block.attn(block.attn_norm(x))

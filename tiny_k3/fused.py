@@ -60,7 +60,7 @@ class CachedWeights:
         if key != self._key:
             # A normal tensor even when first built in inference mode (a forward without autograd runs in it):
             # autograd may use the kept value later (frozen weights, an input that requires grad).
-            with torch.no_grad(), torch.inference_mode(False):
+            with torch.inference_mode(False), torch.no_grad():   # (this order: inference_mode(False) turns grad on)
                 self._value = self.build(*parts)
             self._key = key
         return self._value
