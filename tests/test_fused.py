@@ -53,6 +53,11 @@ def test_fused_linears_leave_a_layer_with_bias_to_itself():
     with torch.no_grad():
         ya, yb = FusedLinears(owner, ("a",), ("b",))(torch.ones(1, 3))
         torch.testing.assert_close(ya, owner.a(torch.ones(1, 3)), atol=0, rtol=0)
+        # a bias given to a layer after the fusion first ran (the same module object): it is seen
+        fused = FusedLinears(owner, ("b",))
+        before = fused(torch.ones(1, 3))[0]
+        owner.b.bias = nn.Parameter(torch.ones(4))
+        torch.testing.assert_close(fused(torch.ones(1, 3))[0], before + 1, atol=1e-6, rtol=0)
 
 
 def test_cached_cat_rebuilds_only_when_a_part_changed():

@@ -50,13 +50,15 @@ class CachedWeights:
             found.append(getattr(module, attr) if tensor is None else tensor)
         return found
 
-    def __call__(self) -> torch.Tensor:
-        parts = self.parts()
-        if any(t.is_inference() for t in parts):
+    def __call__(self, parts: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The kept value; parts: `self.parts()` where the caller has looked them up already."""
+        parts = self.parts() if parts is None else parts
+        try:
+            key = [(t.data_ptr(), t._version, t.dtype) for t in parts]
+        except RuntimeError:   # an inference tensor has no version counter: nothing can be kept
             self._key = None
             with torch.no_grad():
                 return self.build(*parts)
-        key = tuple((t.data_ptr(), t._version, t.dtype) for t in parts)
         if key != self._key:
             # A normal tensor even when first built in inference mode (a forward without autograd runs in it):
             # autograd may use the kept value later (frozen weights, an input that requires grad).
@@ -86,16 +88,28 @@ class FusedLinears:
 
     def __init__(self, owner: nn.Module, *groups: tuple[str, ...]):
         self.owner, self.groups = owner, groups
-        self.weight = CachedCat(owner, tuple(name for group in groups for name in group))
+        self.names = tuple(name for group in groups for name in group)
+        self.weight = CachedCat(owner, self.names)
+        self._seen: list | None = None     # the modules last seen, and whether they are all nn.Linear
+        self._linear = False
+        starts = [0]
+        for group in groups:
+            starts.append(starts[-1] + len(group))
+        self._spans = list(zip(starts, starts[1:]))    # each group's slice of the flat list
 
     def _layers(self) -> list[list[nn.Module]]:
         return [[getattr(self.owner, name) for name in group] for group in self.groups]
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        layers = self._layers()
-        flat = [m for group in layers for m in group]
-        if (any(not isinstance(m, nn.Linear) or m.bias is not None for m in flat)
-                or autograd_needed(m.weight for m in flat)):
+        modules = self.owner._modules      # (the dict itself: nn.Module.__getattr__ is the slow way at decode)
+        flat = [modules.get(name) for name in self.names]
+        if flat != self._seen:             # (identity first: the same modules are the common case)
+            self._seen, self._linear = flat, all(isinstance(m, nn.Linear) for m in flat)
+        params = [m._parameters for m in flat] if self._linear else None
+        weights = None if params is None or any(p["bias"] is not None for p in params) else [p["weight"] for p in params]
+        if weights is None or autograd_needed(weights):
+            layers = self._layers()
             return [torch.cat([m(x) for m in group], -1) if len(group) > 1 else group[0](x) for group in layers]
-        sizes = [sum(m.out_features for m in group) for group in layers]
-        return list(F.linear(x, self.weight()).split(sizes, -1))
+        rows = [w.shape[0] for w in weights]
+        sizes = [sum(rows[a:b]) for a, b in self._spans]
+        return list(F.linear(x, self.weight(weights)).split(sizes, -1))
