@@ -396,10 +396,11 @@ def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
 
 # ---------------------------------------------------------------------------------------------- many-token fast path
 @pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])
-@pytest.mark.parametrize("pad_max_ratio", [1 << 30, 4, 0])            # always padded, as chosen, the tiles
-def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, act, pad_max_ratio):
+@pytest.mark.parametrize("sampled, pad_max_ratio", [(True, 4), (False, 1 << 30), (False, 4), (False, 0)])
+def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, act, sampled, pad_max_ratio):
+    # sampled products; else the padded columns: always padded, as chosen, the tiles
     moe = _moe(preset, mlp_act=act)
-    moe.pad_max_ratio = pad_max_ratio
+    moe.sampled_products, moe.pad_max_ratio = sampled, pad_max_ratio
     x = torch.randn(2, 40, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         assert moe._can_fuse(x) and not moe._can_decode_token(x)
@@ -413,11 +414,12 @@ def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, ac
     assert torch.equal(fast_load, moe.last_load) and fast_load.sum() == 80 * moe.config.top_k
 
 
-def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32():
+@pytest.mark.parametrize("sampled", [True, False])                  # sampled products, padded columns
+def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32(sampled):
     from tiny_k3.hooks import Hooks
 
     moe = _moe("tiny")
-    moe.pad_max_ratio = 1 << 30                                      # the padded columns in token order
+    moe.sampled_products, moe.pad_max_ratio = sampled, 1 << 30
     x = torch.randn(1, 30, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         chosen = int(moe.router(x).expert_ids[0, 0, 0])
@@ -439,6 +441,7 @@ def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32()
     assert (after - before).abs().max() > 1e-3
     assert chosen not in fast["blocked"][1][0, 0].tolist() and fast["forced"][1].shape == (1, 30, 3)
     single = LatentMoE(moe.config)                                   # float32, as the simulator runs it
+    single.sampled_products = sampled
     x32 = torch.randn(1, 50, moe.config.hidden_size)
     with torch.no_grad():
         quick = single(x32)
@@ -466,7 +469,7 @@ def test_decode_output_reads_its_scale_on_the_host_or_keeps_it_a_tensor(act):
 
 def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_experts(monkeypatch):
     moe = _moe("tiny")
-    moe.pad_max_ratio = 1 << 30
+    moe.sampled_products, moe.pad_max_ratio = False, 1 << 30
     x = torch.randn(2, 60, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         counts = torch.bincount(moe.router(x).expert_ids.reshape(-1), minlength=moe.config.num_experts)
@@ -476,6 +479,58 @@ def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_
         for width in range(1, most + 1):                                # width < most: a second product
             monkeypatch.setattr(moe, "_tier_width", lambda counts, width=width: (width, most))
             torch.testing.assert_close(moe(x), expected, rtol=0, atol=1e-12, msg=f"width {width}")
+
+
+@pytest.mark.parametrize("preset, shape", [("tiny", (3, 7)), ("small", (2, 33)), ("small", (1, 2))])
+def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_experts(preset, shape):
+    from tiny_k3.hooks import Hooks
+
+    moe = _moe(preset)
+    moe.sampled_products = True
+    E = moe.config.num_experts
+    with torch.no_grad():
+        moe.router.weight[1::2] = moe.router.weight[0::2]              # experts 2i, 2i+1 tie in every row...
+        moe.router.bias[1::2] = moe.router.bias[0::2]                  # ...and in the biased scores
+    x = torch.randn(*shape, moe.config.hidden_size, dtype=torch.float64)
+    changes = [None, Hooks(forced_experts={0: (5, 1, E - 1)})]        # another k than top_k
+    with torch.no_grad():
+        ids = moe.router(x).expert_ids
+        assert (torch.bincount(ids.reshape(-1), minlength=E) == 0).any()  # some experts get no pair at all
+        assert torch.equal(ids, moe.router(x).scores.add(moe.router.bias).topk(moe.config.top_k, -1).indices)
+        fast = [moe(x, hooks=hooks) for hooks in changes]
+        _use_general_path(moe)
+        for got, hooks in zip(fast, changes):
+            assert got.abs().mean() > 0.1
+            torch.testing.assert_close(got, moe(x, hooks=hooks), rtol=0, atol=1e-12)
+        torch.testing.assert_close(fast[0], moe.dense_reference(x), rtol=0, atol=1e-12)
+
+
+def test_sampled_products_start_from_zero_so_a_nan_dies_with_its_call():
+    moe = _moe("small")
+    moe.sampled_products = True
+    x = torch.randn(1, 20, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        before = moe(x)
+        kept = moe.w2.clone()
+        moe.w2.fill_(float("nan"))                                       # every output value of this call NaN
+        assert torch.isnan(moe(x)).all()
+        moe.w2.copy_(kept)
+        torch.testing.assert_close(moe(x), before, rtol=0, atol=0)      # the next call: no NaN carried over
+
+
+def test_samples_pay_is_its_cost_model_on_the_cpu_only():
+    for preset, tokens, expected in [("small", 256, True), ("k3-topo", 256, True), ("mini-896/16", 64, True),
+                                     ("mini-896/16", 1024, False)]:
+        moe = LatentMoE(K3Config.preset(preset))
+        E, m, l = moe.w1.shape
+        pairs = tokens * moe.config.top_k
+        sampled = pairs * (moe.sampled_us_per_dot * (2 * m + l) + moe.sampled_us_per_mac * 3 * m * l)
+        padded = (3 * E * (moe.padded_us_per_expert + moe.padded_us_per_element * m * l)
+                  + pairs * moe.padded_us_per_pair_element * (m + l))
+        assert (sampled < padded) == expected == moe._samples_pay(pairs), (preset, tokens, sampled, padded)
+        moe.sampled_products = not expected                              # a test's choice overrides the model
+        assert moe._samples_pay(pairs) == (not expected)
+    assert not LatentMoE(K3Config.preset("small"), device="meta")._samples_pay(4096)  # measured on the CPU only
 
 
 def test_tier_width_is_the_least_of_its_cost_model():

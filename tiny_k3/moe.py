@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import warnings
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -248,6 +249,9 @@ class LatentMoE(nn.Module):
     # Without autograd, more than one token: `_forward_tokens` (one product with x, one to the output). Tests set
     # it False to run the general path (`route_tokens`, `mix_experts`, `combine`), the reference.
     fuse_tokens = True
+    # `_mix_token_major`: None lets `_samples_pay` choose between the sampled products and the padded columns;
+    # tests set True or False to run one of them.
+    sampled_products: bool | None = None
 
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()
@@ -437,6 +441,8 @@ class LatentMoE(nn.Module):
         """
         n, k = ids.shape
         E, m, l = self.w1.shape[0], self.w1.shape[1], z.shape[1]
+        if n and self._samples_pay(n * k):
+            return self._mix_sampled(z, ids, weights)
         flat = ids.reshape(-1)
         counts = torch.bincount(flat, minlength=E)                                  # [E]
         width, most = self._tier_width(counts) if n else (0, 0)
@@ -457,6 +463,50 @@ class LatentMoE(nn.Module):
                                          (rank.view(-1)[pairs] - width).unsqueeze(1), most - width, stacks, "late ")
             out.view(-1, l).index_copy_(0, pairs, late_out.view(-1, l))
         return out.mul_(weights.to(z.dtype).unsqueeze(-1)).sum(1)
+
+    # `_samples_pay`'s cost model in microseconds, fitted to one CPU core (small, k3-topo, tiny, mini-896/16 and
+    # mini-448/8 at 16 to 256 tokens; only the ratios matter). Sampled products: per stored dot product (the
+    # kernel's per-entry cost) and per multiply-add, for the 2m + l entries and 3ml multiply-adds of a pair.
+    # Padded columns: per expert and product (a bmm entry) and per element of an expert matrix, plus per pair
+    # the rows moved into and out of the columns and the GLU on the padding (per element of m + l).
+    sampled_us_per_dot, sampled_us_per_mac = 6.7e-3, 1.7e-4
+    padded_us_per_expert, padded_us_per_element, padded_us_per_pair_element = 0.3, 7.1e-4, 9e-3
+
+    def _samples_pay(self, pairs: int) -> bool:
+        """`_mix_sampled` costs less than the padded columns for this many (token, expert) pairs, by the cost
+        model above (CPU only, where it was measured; elsewhere the padded columns run)."""
+        w1 = self._parameters["w1"]
+        if self.sampled_products is not None:
+            return self.sampled_products
+        if w1.device.type != "cpu":
+            return False
+        E, m, l = w1.shape
+        sampled = pairs * (self.sampled_us_per_dot * (2 * m + l) + self.sampled_us_per_mac * 3 * m * l)
+        padded = (3 * E * (self.padded_us_per_expert + self.padded_us_per_element * m * l)
+                  + pairs * self.padded_us_per_pair_element * (m + l))
+        return sampled < padded
+
+    def _mix_sampled(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """`mix_experts` for ids, weights [N, k] (row n's k pairs) as three sampled products, without autograd.
+
+        A sampled product (SDDMM: a @ b computed only at the stored entries of a sparse pattern) computes
+        exactly the dot products the chosen experts need, reading the expert stacks as stored (views: no
+        copies, no padding, no sort): gate and up [N*k*m] are z [N, l] @ W1^T, W3^T [l, E*m] at the columns
+        ids[n, j]*m + i of row n; the GLU runs on those values in place and is scaled by the pair's weight
+        (w_j W2_j h_j = W2_j (w_j h_j)); the outputs are (w h) [N*k, m] @ W2^T [m, E*l] at the columns
+        ids[p]*l + c of row p, summed over each token's k pairs. z [N, l] -> [N, l]."""
+        n, k = ids.shape
+        E, m, l = self.w1.shape
+        pairs, flat, z = n * k, ids.reshape(-1, 1), z.contiguous()
+        gate_columns = torch.add(torch.arange(m, device=z.device), flat, alpha=m).view(-1)      # [P*m]
+        rows = torch.arange(0, pairs * m + 1, k * m, device=z.device)                           # [N + 1]
+        gate = _sampled(rows, gate_columns, z, self.w1.view(E * m, l).t(), "gate").view(pairs, m)
+        up = _sampled(rows, gate_columns, z, self.w3.view(E * m, l).t(), "up").view(pairs, m)
+        h = self._glu_(gate, up).mul_(weights.reshape(pairs, 1).to(z.dtype))                    # [P, m]
+        out_columns = torch.add(torch.arange(l, device=z.device), flat, alpha=l).view(-1)       # [P*l]
+        rows = torch.arange(0, pairs * l + 1, l, device=z.device)                               # [P + 1]
+        out = _sampled(rows, out_columns, h, self.w2.view(E * l, m).t(), "out")
+        return out.view(n, k, l).sum(1)
 
     def _mix_columns(self, z: torch.Tensor, experts: torch.Tensor, column: torch.Tensor, width: int,
                      stacks: tuple[torch.Tensor, torch.Tensor, torch.Tensor], scratch: str) -> torch.Tensor:
@@ -625,6 +675,32 @@ def _scratch(slot: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Ten
         with torch.inference_mode(False):  # usable in place outside inference mode too (under no_grad)
             buffer = pool[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buffer[:numel].view(shape)
+
+
+_SPARSE_WARNED = False
+
+
+def _sampled(rows: torch.Tensor, columns: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scratch: str) -> torch.Tensor:
+    """(a @ b) at the entries of the CSR pattern (crow indices `rows`, `columns`) -> their values [nnz], in the
+    scratch buffer named `scratch` (`_scratch`: valid until the next call that uses that name). a [R, K]
+    contiguous, b [K, C] (a transposed view of a contiguous [C, K] is read as it is, with no copy).
+
+    torch.sparse.sampled_addmm, beta=0, with the pattern as its own output (no copy of the pattern, no fresh
+    values). Its CPU kernel adds beta * (the old value), and 0 * inf or NaN is NaN, so the values start at
+    zero: a NaN from an earlier call could otherwise reach this one. torch warns once per process that
+    sparse CSR support is "in beta"; that says nothing to a reader of this simulator: the first call hides it."""
+    global _SPARSE_WARNED
+    values = _scratch("sampled " + scratch, (columns.numel(),), a).zero_()
+    shape = (rows.numel() - 1, b.shape[1])
+    if _SPARSE_WARNED:
+        pattern = torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+            pattern = torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
+        _SPARSE_WARNED = True
+    torch.sparse.sampled_addmm(pattern, a, b, beta=0.0, out=pattern)
+    return values
 
 
 def _fused_pair(router, down, w1_shared, w3_shared, up, norm, w2_shared) -> tuple[torch.Tensor, torch.Tensor]:
