@@ -249,6 +249,10 @@ class LatentMoE(nn.Module):
     # Without autograd, more than one token: `_forward_tokens` (one product with x, one to the output). Tests set
     # it False to run the general path (`route_tokens`, `mix_experts`, `combine`), the reference.
     fuse_tokens = True
+    # `_decode_token`: from this many elements of an expert's W2 (l * m) on, its down products are one
+    # matrix-vector product over the k chosen experts side by side (a copy of them), below it k small
+    # products (one bmm); measured on one CPU core (small: 128, bmm; mini-896/16: 1024, one product).
+    decode_mv_min_elements = 512
     # `_mix_token_major`: None lets `_samples_pay` choose between the sampled products and the padded columns;
     # tests set True or False to run one of them.
     sampled_products: bool | None = None
@@ -379,11 +383,15 @@ class LatentMoE(nn.Module):
         ids = routing.expert_ids.view(-1)                                  # [k] (a what-if may force another k)
         k = ids.numel()
         z = xs[E:E + l]                                                    # [l]
-        rows = torch.cat([torch.mv(w1.index_select(0, ids).view(k * m, l), z), xs[E + l:E + l + hs],
-                          torch.mv(w3.index_select(0, ids).view(k * m, l), z), xs[E + l + hs:]]).view(2, -1)
-        h = self._glu_rows(rows)                                    # [k*m + hs]: routed, then shared; h / cap
-        every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j / cap
-        y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j / cap
+        gate = torch.mv(w1.index_select(0, ids).view(k * m, l), z)        # [k*m]
+        h = self._glu_rows(gate, xs[E + l:E + l + hs], torch.mv(w3.index_select(0, ids).view(k * m, l), z),
+                           xs[E + l + hs:])                         # [k*m + hs]: routed, then shared; h / cap
+        if m * l < self.decode_mv_min_elements:   # k small products, then their weighted sum
+            every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j / cap
+            y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j / cap
+        else:                                     # one product: [W2_1 | ... | W2_k] [l, k*m] @ (w_j h_j)_j
+            stacked = w2.index_select(0, ids).transpose(0, 1).reshape(l, k * m)
+            y = torch.mv(stacked, h[:k * m].view(k, m).mul(routing.weights.view(k, 1)).view(-1))
         return self._decode_output(y, h[k * m:], fused[1], on_host=y.device.type == "cpu").view_as(x)
 
     def _decode_output(self, y: torch.Tensor, shared: torch.Tensor, out_weight: torch.Tensor,
@@ -424,8 +432,9 @@ class LatentMoE(nn.Module):
         k = routing.expert_ids.shape[-1]                                    # (a what-if may force another k)
         z = xs[:, E:E + l]                                                  # a view: rows of xs
         y = self._mix_token_major(z, routing.expert_ids.reshape(n, k), routing.weights.reshape(n, k))
-        y = y * torch.rsqrt(y.square().mean(-1, keepdim=True).add_(_constant(mods["latent_norm"].eps, y)))
-        h = self._glu(xs[:, E + l:E + l + hs], xs[:, E + l + hs:])
+        y = F.rms_norm(y, (l,), eps=mods["latent_norm"].eps)              # its weight is in W_out
+        # the shared experts' GLU in the memory of their gate and up (columns of the scratch xs, read once)
+        h = self._glu_(xs[:, E + l:E + l + hs], xs[:, E + l + hs:], _scratch("shared sigmoid", (n, hs), x))
         return F.linear(torch.cat([y, h], -1), fused[1]).view_as(x)
 
     def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -502,7 +511,8 @@ class LatentMoE(nn.Module):
         rows = torch.arange(0, pairs * m + 1, k * m, device=z.device)                           # [N + 1]
         gate = _sampled(rows, gate_columns, z, self.w1.view(E * m, l).t(), "gate").view(pairs, m)
         up = _sampled(rows, gate_columns, z, self.w3.view(E * m, l).t(), "up").view(pairs, m)
-        h = self._glu_(gate, up).mul_(weights.reshape(pairs, 1).to(z.dtype))                    # [P, m]
+        h = self._glu_(gate, up, _scratch("sampled sigmoid", (pairs, m), z))
+        h.mul_(weights.reshape(pairs, 1).to(z.dtype))                                           # [P, m]
         out_columns = torch.add(torch.arange(l, device=z.device), flat, alpha=l).view(-1)       # [P*l]
         rows = torch.arange(0, pairs * l + 1, l, device=z.device)                               # [P + 1]
         out = _sampled(rows, out_columns, h, self.w2.view(E * l, m).t(), "out")
@@ -571,20 +581,26 @@ class LatentMoE(nn.Module):
         out = (self.w2 @ h).transpose(1, 2)[sorted_ids, rank] * weights.unsqueeze(-1)   # [P, l]
         return z.new_zeros(z.shape[0], l).index_add(0, token, out)
 
-    def _glu_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """`glu(rows[0], rows[1]) / _glu_cap()` for rows [2, n] (gate, up) in fewer ops: SiTU-GLU divides both
-        rows by their caps at once (the same quotients as one row at a time) and leaves out the product of the
-        caps (4 * 25), which `_decode_token` applies as a scalar of its last product."""
+    def _glu_rows(self, gate: torch.Tensor, shared_gate: torch.Tensor, up: torch.Tensor,
+                  shared_up: torch.Tensor) -> torch.Tensor:
+        """`glu([gate | shared_gate], [up | shared_up]) / _glu_cap()` (vectors) in fewer ops, for `_decode_token`.
+
+        SiTU-GLU: the rows [g; u; g] side by side in one buffer, the first two divided by their caps and
+        passed through tanh in place (the same quotients as one row at a time), tanh(u/25) *= tanh(g/4), and
+        F.glu of the last two rows is tanh(g/4) tanh(u/25) sigmoid(g) in one op. The product of the caps
+        (4 * 25) is left out: `_decode_output` applies it as a scalar of its last product."""
         c = self.config
         if c.mlp_act == "swiglu":
-            return swiglu(rows[0], rows[1])
+            return swiglu(torch.cat([gate, shared_gate]), torch.cat([up, shared_up]))
+        rows = torch.cat([gate, shared_gate, up, shared_up, gate, shared_gate]).view(3, -1)
         caps = self._situ_caps
         if caps is None or caps.dtype != rows.dtype or caps.device != rows.device:
             with torch.inference_mode(False):
                 caps = torch.tensor([[c.situ_beta_gate], [c.situ_beta_up]], dtype=rows.dtype, device=rows.device)
             self._situ_caps = caps
-        capped = torch.tanh(rows / caps)                                   # [tanh(g/4); tanh(u/25)]
-        return capped[0] * torch.sigmoid(rows[0]) * capped[1]
+        capped = rows[:2].div_(caps).tanh_()                               # [tanh(g/4); tanh(u/25)]
+        capped[1].mul_(capped[0])
+        return F.glu(rows[1:], 0).view(-1)
 
     def _glu_cap(self) -> float:
         """The factor `_glu_rows` leaves out: beta_gate * beta_up for SiTU-GLU, 1 for SwiGLU."""
