@@ -482,11 +482,14 @@ def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_
 
 
 @pytest.mark.parametrize("preset, shape", [("tiny", (3, 7)), ("small", (2, 33)), ("small", (1, 2))])
-def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_experts(preset, shape):
+@pytest.mark.parametrize("sparse_rows", [True, False])   # down products: one sparse-dense product, sampled
+def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_experts(preset, shape, sparse_rows,
+                                                                                      monkeypatch):
     from tiny_k3.hooks import Hooks
 
     moe = _moe(preset)
     moe.sampled_products = True
+    monkeypatch.setattr(moe, "_sparse_rows_pay", lambda pairs: sparse_rows)
     E = moe.config.num_experts
     with torch.no_grad():
         moe.router.weight[1::2] = moe.router.weight[0::2]              # experts 2i, 2i+1 tie in every row...
@@ -505,9 +508,11 @@ def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_e
         torch.testing.assert_close(fast[0], moe.dense_reference(x), rtol=0, atol=1e-12)
 
 
-def test_sampled_products_start_from_zero_so_a_nan_dies_with_its_call():
+@pytest.mark.parametrize("sparse_rows", [True, False])
+def test_sampled_products_start_from_zero_so_a_nan_dies_with_its_call(sparse_rows, monkeypatch):
     moe = _moe("small")
     moe.sampled_products = True
+    monkeypatch.setattr(moe, "_sparse_rows_pay", lambda pairs: sparse_rows)
     x = torch.randn(1, 20, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         before = moe(x)
@@ -531,6 +536,17 @@ def test_samples_pay_is_its_cost_model_on_the_cpu_only():
         moe.sampled_products = not expected                              # a test's choice overrides the model
         assert moe._samples_pay(pairs) == (not expected)
     assert not LatentMoE(K3Config.preset("small"), device="meta")._samples_pay(4096)  # measured on the CPU only
+
+
+def test_sparse_rows_pay_is_its_cost_model():
+    for preset, tokens, expected in [("small", 256, True), ("small", 16, False), ("k3-topo", 256, True),
+                                     ("mini-896/16", 256, False), ("mini-896/16", 1024, True)]:
+        moe = LatentMoE(K3Config.preset(preset), device="meta")
+        E, l, m = moe.w2.shape
+        pairs = tokens * moe.config.top_k
+        sampled = pairs * l * moe.sampled_down_us_per_entry
+        rows = E * m * l * moe.transpose_us_per_element + pairs * m * l * moe.sparse_rows_us_per_mac
+        assert (rows < sampled) == expected == moe._sparse_rows_pay(pairs), (preset, tokens, rows, sampled)
 
 
 def test_tier_width_is_the_least_of_its_cost_model():

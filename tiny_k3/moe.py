@@ -495,6 +495,18 @@ class LatentMoE(nn.Module):
                   + pairs * self.padded_us_per_pair_element * (m + l))
         return sampled < padded
 
+    # `_sparse_rows_pay`'s cost model in microseconds (one CPU core; small, k3-topo, mini-896/16 at 256 tokens):
+    # the down products as sampled products cost per entry (a dot of length m, then the k-sum); as one
+    # sparse-dense product they need W2 copied as [E*m, l] (per element) and cost per multiply-add.
+    sampled_down_us_per_entry, transpose_us_per_element, sparse_rows_us_per_mac = 6e-3, 1.25e-3, 2e-4
+
+    def _sparse_rows_pay(self, pairs: int) -> bool:
+        """In `_mix_sampled`, the down products cost less as H @ W2^T (a copy of W2, then a sparse-dense
+        product) than as sampled products (P*l dot products of length m), by the cost model above."""
+        E, l, m = self._parameters["w2"].shape
+        sampled = pairs * l * self.sampled_down_us_per_entry
+        return E * m * l * self.transpose_us_per_element + pairs * m * l * self.sparse_rows_us_per_mac < sampled
+
     def _mix_sampled(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`mix_experts` for ids, weights [N, k] (row n's k pairs) as three sampled products, without autograd.
 
@@ -513,6 +525,11 @@ class LatentMoE(nn.Module):
         up = _sampled(rows, gate_columns, z, self.w3.view(E * m, l).t(), "up").view(pairs, m)
         h = self._glu_(gate, up, _scratch("sampled sigmoid", (pairs, m), z))
         h.mul_(weights.reshape(pairs, 1).to(z.dtype))                                           # [P, m]
+        if self._sparse_rows_pay(pairs):
+            # y = H @ W2^T with H [N, E*m] the (w h) values at the gate's entries: a sparse-dense product over a
+            # copy of W2 as [E*m, l] (into a reused buffer), which sums each token's k pairs as it goes
+            stacked = _scratch("w2 rows", (E, m, l), z).copy_(self.w2.transpose(1, 2)).view(E * m, l)
+            return torch.mm(_csr(rows, gate_columns, h.view(-1), (n, E * m)), stacked)
         out_columns = torch.add(torch.arange(l, device=z.device), flat, alpha=l).view(-1)       # [P*l]
         rows = torch.arange(0, pairs * l + 1, l, device=z.device)                               # [P + 1]
         out = _sampled(rows, out_columns, h, self.w2.view(E * l, m).t(), "out")
@@ -703,20 +720,28 @@ def _sampled(rows: torch.Tensor, columns: torch.Tensor, a: torch.Tensor, b: torc
 
     torch.sparse.sampled_addmm, beta=0, with the pattern as its own output (no copy of the pattern, no fresh
     values). Its CPU kernel adds beta * (the old value), and 0 * inf or NaN is NaN, so the values start at
-    zero: a NaN from an earlier call could otherwise reach this one. torch warns once per process that
-    sparse CSR support is "in beta"; that says nothing to a reader of this simulator: the first call hides it."""
-    global _SPARSE_WARNED
+    zero: a NaN from an earlier call could otherwise reach this one."""
     values = _scratch("sampled " + scratch, (columns.numel(),), a).zero_()
-    shape = (rows.numel() - 1, b.shape[1])
-    if _SPARSE_WARNED:
-        pattern = torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
-    else:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-            pattern = torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
-        _SPARSE_WARNED = True
+    pattern = _csr(rows, columns, values, (rows.numel() - 1, b.shape[1]))
     torch.sparse.sampled_addmm(pattern, a, b, beta=0.0, out=pattern)
     return values
+
+
+_SPARSE_WARNED = False
+
+
+def _csr(rows: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A sparse CSR matrix [shape] on these tensors (no copies, no checks: the callers build valid patterns).
+    torch warns once per process that sparse CSR support is "in beta"; that says nothing to a reader of this
+    simulator, so the first call hides it."""
+    global _SPARSE_WARNED
+    if _SPARSE_WARNED:
+        return torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        matrix = torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
+    _SPARSE_WARNED = True
+    return matrix
 
 
 def _fused_pair(router, down, w1_shared, w3_shared, up, norm, w2_shared) -> tuple[torch.Tensor, torch.Tensor]:
