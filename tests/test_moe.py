@@ -523,6 +523,20 @@ def test_sampled_products_start_from_zero_so_a_nan_dies_with_its_call(sparse_row
         torch.testing.assert_close(moe(x), before, rtol=0, atol=0)      # the next call: no NaN carried over
 
 
+def test_many_token_fast_path_records_scores_that_later_calls_leave_alone():
+    moe = _moe("small")
+    x = torch.randn(2, 30, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        recorder = TraceRecorder()
+        moe(x, recorder=recorder, layer=1)
+        (_, first), = recorder.of("moe")
+        kept = first["scores"].clone()
+        moe(torch.randn_like(x))                       # no recorder: its scores go to a reused buffer
+        moe(torch.randn_like(x), recorder=TraceRecorder(), layer=1)
+    assert torch.equal(first["scores"], kept)
+    torch.testing.assert_close(kept, moe.router(x).scores, rtol=0, atol=0)
+
+
 def test_samples_pay_is_its_cost_model_on_the_cpu_only():
     for preset, tokens, expected in [("small", 256, True), ("k3-topo", 256, True), ("mini-896/16", 64, True),
                                      ("mini-896/16", 1024, False)]:

@@ -421,7 +421,9 @@ class LatentMoE(nn.Module):
         n = x.shape[0] * x.shape[1]
         weight = fused[0]
         xs = torch.mm(x.reshape(n, -1), weight.t(), out=_scratch("xs", (n, weight.shape[0]), x))  # [N, E+l+2hs]
-        router, scores = mods["router"], torch.sigmoid(xs[:, :E]).view(*x.shape[:-1], E)
+        # the scores leave the call only in a recording ("moe" event); otherwise a reused buffer (no page faults)
+        scores = torch.sigmoid(xs[:, :E], out=None if recorder is not NO_RECORDER else _scratch("scores", (n, E), x))
+        router, scores = mods["router"], scores.view(*x.shape[:-1], E)
         if hooks is not None and hooks.changes_routing(layer):
             routing = hooks.route(layer, scores, router)
         else:  # `route` with s + b written over the logits (no longer needed): one [N, E] buffer fewer
