@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tiny_k3.config import K3Config  # noqa: E402
+from tiny_k3.config import ConfigError, K3Config  # noqa: E402
 from tiny_k3.moe import GatedMLP, LatentMoE  # noqa: E402
 
 # --clock cpu: process CPU time instead of wall time, for a machine that other work keeps busy (a preempted
@@ -84,7 +84,13 @@ def main() -> None:
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
     parser.add_argument("--malloc", choices=["default", "keep"], default="default",
                         help="keep: glibc keeps freed memory (no page faults from heap trims): arithmetic alone")
+    parser.add_argument("--presets", nargs="+", default=["small", "mini-896/16"],
+                        help="K3Config presets to time (default: the two of issue 15's table)")
     args = parser.parse_args()
+    try:
+        configs = {preset: K3Config.preset(preset) for preset in args.presets}
+    except ConfigError as error:
+        parser.error(str(error))
     if args.malloc == "keep":
         keep_freed_memory()
     global CLOCK
@@ -95,8 +101,8 @@ def main() -> None:
           f"malloc {args.malloc}")
     print(f"{'preset':<12} {'shape':<10} {'active':>8} {'dense h':>8} {'moe ms':>8} {'dense ms':>9} {'ratio':>6}"
           f" {'faults/call moe, dense':>23}")
-    for preset in ("small", "mini-896/16"):
-        c = K3Config.preset(preset)
+    for preset in args.presets:
+        c = configs[preset]
         moe = LatentMoE(c, device=args.device)  # built outside inference mode, as a model is: run inside it
         active = active_params(moe)
         hidden = round(active / (3 * c.hidden_size))

@@ -415,7 +415,8 @@ class LatentMoE(nn.Module):
         """`forward` for many tokens [B, T, D] without autograd: router, down projection and the shared
         experts' gate and up are one product with x, W_up RMSNorm(y) + W2_shared h one product with
         [y / rms(y) | h] (the norm's weight folded into W_up, as in `_decode_token`), and the experts run in
-        `_mix_token_major`. The same sums as the general path, grouped otherwise; tests compare the two."""
+        `_mix_token_major`. Temporaries that never leave the call live in reused buffers (`_scratch`).
+        The same sums as the general path, grouped otherwise; tests compare the two."""
         c, mods = self.config, self._modules
         E, l, hs = c.num_experts, c.latent_dim, mods["shared"]._modules["w1"].out_features
         n = x.shape[0] * x.shape[1]
@@ -442,7 +443,8 @@ class LatentMoE(nn.Module):
     def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`mix_experts` for ids, weights [N, k] (row n's k pairs, distinct experts), without autograd.
 
-        As `_mix_padded`: the first `width` pairs of every expert side by side (zeros after its last), one bmm
+        Where `_samples_pay` says so (on the CPU at the presets' widths), `_mix_sampled`. Otherwise, as
+        `_mix_padded`: the first `width` pairs of every expert side by side (zeros after its last), one bmm
         per product with the weights as stored; but the pairs stay in token order (each knows its column, its
         rank among the pairs of its expert), so no rows are sorted, the GLU works in place, and the k outputs
         of a token are read back as [N, k, l] and summed with their weights, without an index_add. The pairs
@@ -521,7 +523,9 @@ class LatentMoE(nn.Module):
         n, k = ids.shape
         E, m, l = self.w1.shape
         pairs, flat, z = n * k, ids.reshape(-1, 1), z.contiguous()
-        gate_columns = torch.add(torch.arange(m, device=z.device), flat, alpha=m).view(-1)      # [P*m]
+        # the patterns' column indices (int64, up to megabytes) in reused buffers, as the values are
+        gate_columns = torch.add(torch.arange(m, device=z.device), flat, alpha=m,
+                                 out=_scratch("gate columns", (pairs, m), flat)).view(-1)      # [P*m]
         rows = torch.arange(0, pairs * m + 1, k * m, device=z.device)                           # [N + 1]
         gate = _sampled(rows, gate_columns, z, self.w1.view(E * m, l).t(), "gate").view(pairs, m)
         up = _sampled(rows, gate_columns, z, self.w3.view(E * m, l).t(), "up").view(pairs, m)
@@ -532,7 +536,8 @@ class LatentMoE(nn.Module):
             # copy of W2 as [E*m, l] (into a reused buffer), which sums each token's k pairs as it goes
             stacked = _scratch("w2 rows", (E, m, l), z).copy_(self.w2.transpose(1, 2)).view(E * m, l)
             return torch.mm(_csr(rows, gate_columns, h.view(-1), (n, E * m)), stacked)
-        out_columns = torch.add(torch.arange(l, device=z.device), flat, alpha=l).view(-1)       # [P*l]
+        out_columns = torch.add(torch.arange(l, device=z.device), flat, alpha=l,
+                                out=_scratch("out columns", (pairs, l), flat)).view(-1)        # [P*l]
         rows = torch.arange(0, pairs * l + 1, l, device=z.device)                               # [P + 1]
         out = _sampled(rows, out_columns, h, self.w2.view(E * l, m).t(), "out")
         return out.view(n, k, l).sum(1)
