@@ -65,7 +65,7 @@ def test_factored_split_and_pair_by_pair_products_agree(monkeypatch, chunk_size)
     q, k, v, g, beta = _inputs(2, 150, 2, 6, 5)
     fast = kda_chunked(q, k, v, g, beta, chunk_size=chunk_size, output_final_state=True)
     # nothing may be factored: 64-chunks are split into sub-chunks, and those (and 16-chunks) go pair by pair
-    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: -1.0)
     slow = kda_chunked(q, k, v, g, beta, chunk_size=chunk_size, output_final_state=True)
     torch.testing.assert_close(fast, slow, atol=1e-12, rtol=0)
 
@@ -84,7 +84,7 @@ def test_factored_forms_equal_the_general_form_and_the_recurrence(monkeypatch, c
     fast = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
     assert calls == ["_chunked_factored" if autograd else "_chunked_cpu"], calls
     # ... and the general form (forced: no range counts as safe) and the definition agree with it
-    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: -1.0)
     general = kda_chunked(q, k, v, g, beta, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
     assert len(calls) == 1 or calls[1:] == ["_chunked_cpu"]   # the CPU form declines: it returns None
     reference = kda_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
@@ -97,7 +97,7 @@ def test_factored_forms_equal_the_general_form_and_the_recurrence(monkeypatch, c
 def test_no_grad_forms_equal_the_autograd_forms(monkeypatch, chunk_size, general):
     # without autograd the CPU form (or the general form's buffered loop) runs; with it, the autograd forms
     if general:
-        monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)
+        monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: -1.0)
     inputs = [t.clone().requires_grad_() for t in _inputs(2, 100, 2, 8, 8, lower_bound=-5.0)]
     h0 = _state(2, 2, 8, 8)
     with_grad = kda_chunked(*inputs, initial_state=h0, chunk_size=chunk_size, output_final_state=True)
@@ -245,9 +245,9 @@ def test_gradcheck_through_chunked(monkeypatch):
     # the other product paths, at a tiny scale: 2-token sub-chunks of the 4-token chunks ...
     monkeypatch.setattr(chunk_module, "_SUB_CHUNK", 2)
     inputs[3] = (-0.5 - 0.4 * torch.rand_like(g)).requires_grad_()  # chunk span > 1, sub-chunk span < 1
-    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 1.0)  # split, sub-chunks factored
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: 1.0)  # split, sub-chunks factored
     assert torch.autograd.gradcheck(fn, inputs)
-    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: -1.0)  # split, sub-chunks pair by pair
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: -1.0)  # split, sub-chunks pair by pair
     assert torch.autograd.gradcheck(fn, inputs)
 
 
@@ -390,9 +390,10 @@ def test_k3_layer_parameter_count():
 @pytest.mark.parametrize("autograd", [True, False])
 def test_too_strong_decay_halves_the_chunk_before_the_general_form(monkeypatch, autograd):
     # a decay that cannot be factored over 64 (or 32) tokens but can over 16: a factored form runs at 16, exact
+    # (the spread limit is patched: at the real one, ~40 in float32, ~350 in float64, all of this factors at 64)
     q, k, v, _, beta = (t.clone().requires_grad_(autograd) for t in _inputs(1, 100, 2, 8, 8))
     g = -0.9 - 0.2 * torch.rand(1, 100, 2, 8, dtype=F64)          # spread over 64 tokens ~ 60, over 16 ~ 15
-    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 20.0)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: 20.0)
     sizes, general = [], []
     carry, segment, slow = chunk_module._carry_state, chunk_module._cpu_segment, chunk_module._chunked_general
     # the autograd form's chunks pass through the state carry, whose W is [M, C, K]: it tells the chunk length;
@@ -407,10 +408,16 @@ def test_too_strong_decay_halves_the_chunk_before_the_general_form(monkeypatch, 
     torch.testing.assert_close(o.detach(), o_ref.detach(), atol=1e-10, rtol=0)
     torch.testing.assert_close(s.detach(), s_ref.detach(), atol=1e-10, rtol=0)
     sizes.clear()
-    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 5.0)   # not even 16 tokens: general at 64
+    # not even 16 tokens: the autograd form goes general at 64; the CPU form halves on, to 4 (range ~3.3)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: 5.0)
     o2 = kda_chunked(q, k, v, g, beta, chunk_size=64)[0]
-    assert general == [64]
+    assert general == [64] if autograd else (general, set(sizes)) == ([], {4})
     torch.testing.assert_close(o2.detach(), o_ref.detach(), atol=1e-10, rtol=0)
+    if not autograd:   # not even 4 tokens (range >= 2.7): the CPU form declines, the general form runs at 64
+        monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: 2.0)
+        o3 = kda_chunked(q, k, v, g, beta, chunk_size=64)[0]
+        assert general == [64]
+        torch.testing.assert_close(o3.detach(), o_ref.detach(), atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("chunks_per_segment", [1, 3, 1000])
@@ -442,7 +449,7 @@ def test_cpu_form_picks_the_chunk_per_segment(monkeypatch):
     B, T, H, K, V = 1, 256, 2, 8, 8
     q, k, v, g, beta = _inputs(B, T, H, K, V)
     g = torch.cat([-0.1 * torch.rand(B, T // 2, H, K, dtype=F64), -0.9 - 0.2 * torch.rand(B, T // 2, H, K, dtype=F64)], 1)
-    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype, backward=True: 20.0)
+    monkeypatch.setattr(chunk_module, "_max_safe_spread", lambda dtype: 20.0)
     monkeypatch.setattr(chunk_module, "_SEGMENT_BYTES", 2 * B * H * K * 32 * 8)     # two 32-token chunks a segment
     taken, segment = [], chunk_module._cpu_segment
     monkeypatch.setattr(chunk_module, "_cpu_segment",

@@ -47,17 +47,19 @@ def check_inputs(fn: str, q, k, v, g, beta, initial_state) -> tuple[int, int, in
 _SUB_CHUNK = 16  # sub-chunk length for chunks whose decay is too strong to factor at once (fla also uses 16)
 
 
-def _max_safe_spread(dtype: torch.dtype, backward: bool = True) -> float:
+def _max_safe_spread(dtype: torch.dtype) -> float:
     """The widest range of Γ (one key channel, one chunk) that the factored products can take.
 
-    Factored around a reference, each factor is at most exp(spread); the kept (i <= r) products are
-    true values exp(Γ_r - Γ_i) <= 1. Without a backward that is the log-range of the dtype less a
-    margin for sums (exp(8) ≈ 3000): about 80 in float32, 700 in float64.
+    Factored around a reference, each factor lies between e^-spread and e^spread (the kept i <= r products
+    are true values exp(Γ_r - Γ_i) <= 1), and two meet in some products: a backward multiplies a factor by
+    its partner once more, and the CPU form's carried state and decayed writes hold a factor times a decay.
+    So the range is half the dtype's log-range less a margin for sums (exp(8) ≈ 3000): about 40 in float32,
+    350 in float64. Then nothing overflows to inf (the full range gave inf gradients, NaN after clipping,
+    for decays of about -1 per token over 64-token chunks), and nothing sinks below the normal floats either:
+    products that read subnormals run ~5-10x slower on x86 (bench_kda's g = -5 row: 270 ms at a spread of 75,
+    60 ms at 40, where chunks of 8 keep every value normal).
     """
-    # Halved for a backward: it multiplies a factor by its partner once more (d/dΓ of x e^(Γ-ref) through
-    # the product with k e^(ref-Γ)), so both must fit together; the full log-range gave inf gradients (NaN
-    # after clipping) for decays of about -1 per token over 64-token chunks.
-    return (math.log(torch.finfo(dtype).max) - 8.0) / (2 if backward else 1)
+    return (math.log(torch.finfo(dtype).max) - 8.0) / 2
 
 
 def _chunk_products(rows: tuple[torch.Tensor, ...], k: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
@@ -148,7 +150,8 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     same result. `_chunked_factored` when every decay range can be factored around its chunk's end (the
     usual case), at chunk_size or, where the decay is too strong for that, at chunk_size / 2, / 4, ...
     down to 16; `_chunked_cpu`, the same factored equations without autograd on CPU, segment by segment
-    (chunks of at most 32 there: see `_CPU_CHUNK`); else `_chunked_general` at chunk_size (sub-chunks,
+    (chunks of 32 there, halved per segment down to 4 where the decay needs it: see `_CPU_CHUNK`); else
+    `_chunked_general` at chunk_size (sub-chunks,
     and pair-by-pair products where even those are too wide).
     """
     B, T, H, K, V = check_inputs("kda_chunked", q, k, v, g, beta, initial_state)
@@ -165,7 +168,7 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
         if fast is not None:
             o, S = fast
             return o.to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
-        chunks = _Chunker(B, T, H, chunk_size, dtype)   # too strong a decay to factor even at 16 tokens
+        chunks = _Chunker(B, T, H, chunk_size, dtype)   # too strong a decay to factor even at 4 tokens
         o, S = _chunked_general(chunks, q, k, v, beta, _chunk_cumsum(chunks(g)), S, scale)
     else:
         chunks, o, S = _chunked_adaptive(q, k, v, g, beta, S, scale, chunk_size)
@@ -301,6 +304,7 @@ def _carry_state(N: int, W, U0, k_out_t, decay, S, keep_decayed: bool, buffers=N
 # (measured at T = 4096: ~3,700 faults a call, ~10 ms of a 35 ms call, before this form kept them). Every intermediate therefore lives in a per-thread scratch
 # reused from segment to segment and from call to call; only the output is new memory.
 _CPU_CHUNK = 32                 # the longest chunk of `_chunked_cpu` (bench_kda: 32 beats 16 and 64)
+_CPU_MIN_CHUNK = 4              # its shortest: at K3's gate bound (g >= -5) chunks of 8 always factor
 _SEGMENT_BYTES = 512 * 1024     # one [tokens, H, K] operand of a segment (256 KB-1 MB swept at 1 and 2 threads)
 _scratch = threading.local()    # name -> flat tensor, per thread (two threads never share a buffer)
 
@@ -336,8 +340,8 @@ def _chunked_cpu(q, k, v, g, beta, S, scale, C) -> tuple[torch.Tensor, torch.Ten
     q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; S [B*H, K, V] in the compute dtype (never written: it may
     be the caller's initial state); C the longest chunk. The sequence is cut into segments of about
     `_SEGMENT_BYTES` per operand, and `_cpu_segment` carries the state through each in turn, at C or, where
-    that segment's decay is too strong to factor at C, at C/2, C/4 ... down to 16. Returns None when even
-    16 tokens are too many for some segment (the caller then runs the general form).
+    that segment's decay is too strong to factor at C, at C/2, C/4 ... down to `_CPU_MIN_CHUNK`. Returns None
+    when even that is too long for some segment (the caller then runs the general form).
     """
     B, T, H, K = q.shape
     V, dtype = v.shape[-1], S.dtype
@@ -350,7 +354,7 @@ def _chunked_cpu(q, k, v, g, beta, S, scale, C) -> tuple[torch.Tensor, torch.Ten
         parts = [t[:, t0:t0 + seg] for t in (q, k, v, g, beta, out)]
         chunk = C
         while (S_next := _cpu_segment(*parts, S, scale, chunk)) is None:
-            if chunk <= _SUB_CHUNK or chunk % 2:
+            if chunk <= _CPU_MIN_CHUNK or chunk % 2:
                 return None
             chunk //= 2
         S = S_next
@@ -382,7 +386,7 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     upper, eye = _chunk_constants(C, q.dtype, q.device)
     x = torch.matmul(upper, g.reshape(B * R, C, H * K), out=scratch("to_end", B * R, C, H * K))
     lo, hi = torch.aminmax(x)
-    if float(hi - lo) > _max_safe_spread(q.dtype, backward=False):
+    if float(hi - lo) > _max_safe_spread(q.dtype):
         return None
     decay = (x[:, 0] + g.reshape(B * R, C, H * K)[:, 0]).exp_()          # e^Γ_C per chunk, [B*R, H*K]
     decay = decay.view(B, R, H, K).transpose(0, 1).reshape(R, BH, K, 1)
