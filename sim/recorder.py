@@ -88,7 +88,10 @@ class StepRecord(NamedTuple):
 
 def _numpy(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> np.ndarray:
     """One tensor -> a read-only numpy array of `dtype` (one transfer when it lives on a GPU)."""
-    return read_only(t.detach().to(dtype).cpu().numpy())
+    # (each step skipped where it is a no-op: even a no-op .to() or .cpu() costs a dispatch, ~10 a step per kind)
+    t = t if t.dtype == dtype else t.to(dtype)
+    t = t if t.device.type == "cpu" else t.cpu()
+    return read_only((t.detach() if t.requires_grad else t).numpy())
 
 
 class FrameRecorder(Recorder):

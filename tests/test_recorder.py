@@ -123,3 +123,28 @@ def test_a_model_built_in_inference_mode_records_and_its_bias_changes_are_seen()
             model(torch.tensor([[256]]), recorder=rec)
             runs.append(rec.finish())
     np.testing.assert_allclose(runs[1].routing[0].bias - runs[0].routing[0].bias, 0.5)
+
+
+def test_recorded_tensors_never_take_part_in_autograd():
+    # with autograd on the model hands detached tensors to the recorder; without it, the tensors themselves
+    from tiny_k3.probe import detached
+
+    class Keep(Recorder):
+        def __init__(self):
+            self.tensors = []
+
+        def record(self, event, layer, **data):
+            self.tensors += [v for v in data.values() if isinstance(v, torch.Tensor)]
+
+    torch.manual_seed(0)
+    model = TinyK3(K3Config.preset("tiny"))
+    keep = Keep()
+    logits, _ = model(torch.tensor([[256, 70]]), recorder=keep)
+    assert logits.requires_grad and len(keep.tensors) > 20
+    assert not any(t.requires_grad for t in keep.tensors)
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+    assert detached(y).grad_fn is None and torch.equal(detached(y), y)
+    with torch.no_grad():
+        z = x * 2
+    assert detached(z) is z

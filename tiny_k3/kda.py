@@ -28,7 +28,7 @@ from .config import K3Config
 from .fused import CachedCat, CachedWeights, FusedLinears, autograd_needed
 from .kda_chunk import check_inputs, compute_dtype, kda_chunked
 from .norm import rms_norm
-from .probe import NO_RECORDER, Recorder
+from .probe import NO_RECORDER, Recorder, detached
 
 __all__ = ["KDALayer", "kda_chunked", "kda_gate", "kda_recurrent", "kda_step"]
 
@@ -265,9 +265,9 @@ class KDALayer(nn.Module):
         extra = {} if T == 1 else {"chunk_size": self.chunk_size}
         o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
         if recorder is not NO_RECORDER:  # (the default ignores everything: skip even the detach views)
-            recorder.record("kda", layer, prev_state=None if prev is None else prev.detach(),
-                            state=state.detach(), g=g.detach(), beta=beta.detach(),
-                            q=q.detach(), k=k.detach(), v=v.detach())
+            recorder.record("kda", layer, prev_state=None if prev is None else detached(prev),
+                            state=detached(state), g=detached(g), beta=detached(beta),
+                            q=detached(q), k=detached(k), v=detached(v))
 
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         gate = _as((out_gate[0] if out_gate else self.output_gate(x)).view(B, T, H, V), fp)

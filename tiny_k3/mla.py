@@ -25,7 +25,7 @@ from .cache import MLACache
 from .config import K3Config
 from .fused import CachedWeights, FusedLinears, autograd_needed
 from .norm import RMSNorm
-from .probe import NO_RECORDER, Recorder
+from .probe import NO_RECORDER, Recorder, detached
 
 
 def rope_angles(positions: torch.Tensor, dim: int, theta: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,5 +182,5 @@ class GatedMLA(nn.Module):
             attn = attn * torch.sigmoid(gate[0]).view(B, T, self.heads, self.v_dim)
         y = self.o_proj(attn.reshape(B, T, self.heads * self.v_dim))
         if recorder is not NO_RECORDER:
-            recorder.record("mla", layer, probs=probs.detach(), cache_len=S)
+            recorder.record("mla", layer, probs=detached(probs), cache_len=S)
         return y, MLACache(latent, k_rope)

@@ -29,7 +29,7 @@ from .kda import KDALayer
 from .mla import GatedMLA
 from .moe import GatedMLP, LatentMoE, PlainMoE
 from .norm import RMSNorm
-from .probe import NO_RECORDER, Recorder
+from .probe import NO_RECORDER, Recorder, detached
 from .weights import CheckpointError, available_pretrained, config_for, load_pretrained
 
 
@@ -75,7 +75,7 @@ class Block(nn.Module):
         recording = recorder is not NO_RECORDER  # (the default ignores everything: skip even the detach views)
         h, weights = stream.read(self.attn_res, uniform)
         if recording:
-            recorder.record("depth", i, site="attn", weights=weights, h=h.detach())
+            recorder.record("depth", i, site="attn", weights=_detached(weights), h=detached(h))
         x = self.attn_norm(h)
         extra = {}
         if padding is not None and self.kind == "kda":
@@ -87,17 +87,21 @@ class Block(nn.Module):
             extra = dict(positions=padding.positions, key_mask=padding.key_mask)
         out, cache.layers[i] = self.attn(x, cache.layers[i], recorder=recorder, layer=i, hooks=hooks, **extra)
         if recording:
-            recorder.record("sublayer", i, site="attn", kind=self.kind, out=out.detach())
+            recorder.record("sublayer", i, site="attn", kind=self.kind, out=detached(out))
         stream.add(out)
 
         h, weights = stream.read(self.mlp_res, uniform)
         if recording:
-            recorder.record("depth", i, site="mlp", weights=weights, h=h.detach())
+            recorder.record("depth", i, site="mlp", weights=_detached(weights), h=detached(h))
         x = self.mlp_norm(h)
         out = self.mlp(x) if self.mlp_kind == "dense" else self.mlp(x, recorder=recorder, layer=i, hooks=hooks)
         if recording:
-            recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=out.detach())
+            recorder.record("sublayer", i, site="mlp", kind=self.mlp_kind, out=detached(out))
         stream.add(out)
+
+
+def _detached(weights: torch.Tensor | None) -> torch.Tensor | None:
+    return None if weights is None else detached(weights)   # (the standard residual reads no depth weights)
 
 
 def _has_inference_tensors(cache: ModelCache) -> bool:
@@ -173,15 +177,15 @@ class TinyK3(nn.Module):
         padding = self._padding(attention_mask, tokens, cache)
 
         x = self.embed(tokens)
-        recorder.record("embed", -1, x=x.detach())
+        recorder.record("embed", -1, x=detached(x))
         stream = DepthStream(x, cfg.residual, cfg.attnres_block_size)
         for block in self.blocks:
             block(stream, cache, recorder, padding, hooks)
         uniform = hooks is not None and cfg.num_layers in hooks.uniform_depth    # the final read, before the head
         h, weights = stream.read(self.out_res, uniform)
-        recorder.record("depth", cfg.num_layers, site="out", weights=weights, h=h.detach())
+        recorder.record("depth", cfg.num_layers, site="out", weights=_detached(weights), h=detached(h))
         logits = self.lm_head(self.final_norm(h))
-        recorder.record("logits", cfg.num_layers, logits=logits.detach())
+        recorder.record("logits", cfg.num_layers, logits=detached(logits))
         cache.position += tokens.shape[1]
         if padding is not None:
             cache.key_mask = padding.key_mask

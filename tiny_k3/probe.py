@@ -34,6 +34,12 @@ class Recorder:
 NO_RECORDER = Recorder()  # the default of every forward: nobody is watching
 
 
+def detached(t: torch.Tensor) -> torch.Tensor:
+    """t as a recorder gets it: detached where it takes part in autograd, else t itself (without autograd, as
+    in every decode step, a detach is a new view for nothing: ~900 of them a recorded k3-topo step)."""
+    return t.detach() if t.requires_grad else t
+
+
 class TraceRecorder(Recorder):
     """Keeps every event as (event, layer, data) with tensors detached and copied to the CPU."""
 
