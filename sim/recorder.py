@@ -144,6 +144,10 @@ class FrameRecorder(Recorder):
     def finish(self) -> StepRecord:
         """The recorded step as numpy records: one batched computation and transfer per kind of record into
         one StepArrays (sim/framestore.py), the records thin views of it."""
+        with torch.inference_mode():   # (~60 small ops, all read only: a tenth less dispatch each, as the model's)
+            return self._finish()
+
+    def _finish(self) -> StepRecord:
         rms_of = [e.x for e in (self.embed,) if e is not None] + [e.h for e in self.depth] + \
                  [e.out for e in self.sublayers]
         rms = _numpy(_last(rms_of).float().pow(2).mean(-1).sqrt()) if rms_of else _EMPTY

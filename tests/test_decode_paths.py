@@ -186,3 +186,13 @@ def test_a_cache_made_without_autograd_continues_with_it():
             setattr(c, name, t.detach())
     model(tokens[:, 3:], normal)[0].square().sum().backward()
     torch.testing.assert_close(model.lm_head.weight.grad, grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [-1, 512])
+def test_one_token_out_of_range_is_one_sentence(bad):
+    # a single token is checked by reading it once (model.py), a longer input by its min and max
+    from tiny_k3 import K3Config, TinyK3
+    model = TinyK3(K3Config.preset("tiny"))
+    for tokens, low, high in ((torch.tensor([[bad]]), bad, bad), (torch.tensor([[3, bad, 4]]), min(bad, 3), max(bad, 4))):
+        with pytest.raises(ValueError, match=rf"token ids must lie in \[0, 512\), got {low}\.\.{high}\."):
+            model(tokens)

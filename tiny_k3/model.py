@@ -167,8 +167,12 @@ class TinyK3(nn.Module):
         recorder = NO_RECORDER if recorder is None else recorder
         if tokens.dim() != 2 or tokens.shape[1] == 0:
             raise ValueError(f"tokens must be a non-empty [B, T] tensor of ids, got shape {tuple(tokens.shape)}.")
-        if int(tokens.min()) < 0 or int(tokens.max()) >= cfg.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {int(tokens.min())}..{int(tokens.max())}.")
+        if tokens.numel() == 1:
+            low = high = int(tokens)
+        else:
+            low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= cfg.vocab_size:   # (one token, a decode step: one read instead of four ops)
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {low}..{high}.")
         cache = cache if cache is not None else ModelCache(cfg.num_layers)
         if cache.position + tokens.shape[1] > cfg.max_seq_len:
             raise ValueError(f"sequence of {cache.position + tokens.shape[1]} tokens is longer than preset "
