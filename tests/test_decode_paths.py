@@ -196,3 +196,8 @@ def test_one_token_out_of_range_is_one_sentence(bad):
     for tokens, low, high in ((torch.tensor([[bad]]), bad, bad), (torch.tensor([[3, bad, 4]]), min(bad, 3), max(bad, 4))):
         with pytest.raises(ValueError, match=rf"token ids must lie in \[0, 512\), got {low}\.\.{high}\."):
             model(tokens)
+
+
+def test_rms_norm_of_one_bfloat16_row_is_torch_s_own():
+    x, weight = torch.randn(1, 1, 64).bfloat16() * 3, torch.randn(64).bfloat16()
+    assert torch.equal(rms_norm(x, weight), torch.nn.functional.rms_norm(x, (64,), weight, 1e-6))

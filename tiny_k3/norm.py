@@ -15,7 +15,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     if weight is not None and weight.dtype != x.dtype:
         return rms_norm_reference(x, weight, eps)
     D = x.shape[-1]
-    if (x.numel() == D and x.device.type == "cpu"
+    # One row (a decode step) on the CPU without autograd: rms_norm_row. Not in bf16/fp16, where its dot would
+    # round the mean square before the root (torch's op accumulates in float32).
+    if (x.numel() == D and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
             and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))):
         return rms_norm_row(x, weight, eps)
     # torch's own op: the same formula, the same bits (tests/test_decode_paths.py), one call from Python
