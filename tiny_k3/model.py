@@ -104,9 +104,15 @@ def _detached(weights: torch.Tensor | None) -> torch.Tensor | None:
     return None if weights is None else detached(weights)   # (the standard residual reads no depth weights)
 
 
-def _has_inference_tensors(cache: ModelCache) -> bool:
-    parts = [t for c in cache.layers if c is not None for t in vars(c).values() if isinstance(t, torch.Tensor)]
-    return any(t.is_inference() for t in parts + [cache.key_mask] if t is not None)
+def _without_inference_tensors(cache: ModelCache) -> None:
+    """Swap, in place, each layer of `cache` that holds inference tensors (made by a forward without autograd)
+    for a clone of normal tensors: autograd cannot save inference tensors. The same values; the caller's cache
+    object is still the one the forward advances."""
+    for i, c in enumerate(cache.layers):
+        if any(isinstance(t, torch.Tensor) and t.is_inference() for t in getattr(c, "__dict__", {}).values()):
+            cache.layers[i] = c.clone()
+    if cache.key_mask is not None and cache.key_mask.is_inference():
+        cache.key_mask = cache.key_mask.clone()
 
 
 def _init_weights(module: nn.Module, std: float) -> None:
@@ -161,8 +167,8 @@ class TinyK3(nn.Module):
             # the cache it returns are inference tensors (read them freely; clone one before changing it in place).
             with torch.inference_mode():
                 return self.forward(tokens, cache, recorder, attention_mask, hooks)
-        if torch.is_grad_enabled() and cache is not None and _has_inference_tensors(cache):
-            cache = cache.clone()   # a cache made without autograd, continued with it: autograd needs normal tensors
+        if torch.is_grad_enabled() and cache is not None:
+            _without_inference_tensors(cache)   # a cache made without autograd, continued with it
         cfg = self.config
         recorder = NO_RECORDER if recorder is None else recorder
         if tokens.dim() != 2 or tokens.shape[1] == 0:
