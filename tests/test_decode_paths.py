@@ -202,3 +202,27 @@ def test_one_token_out_of_range_is_one_sentence(bad):
 def test_rms_norm_of_one_bfloat16_row_is_torch_s_own():
     x, weight = torch.randn(1, 1, 64).bfloat16() * 3, torch.randn(64).bfloat16()
     assert torch.equal(rms_norm(x, weight), torch.nn.functional.rms_norm(x, (64,), weight, 1e-6))
+
+
+def test_a_cached_constant_is_the_python_scalar_bit_for_bit():
+    from tiny_k3.fused import constant
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, F64):
+        x = torch.randn(3, 7, generator=gen, dtype=dtype)
+        c = constant(1e-6, x)
+        assert c.dim() == 0 and c.dtype == dtype and constant(1e-6, x) is c and not c.is_inference()
+        assert torch.equal(x + c, x + 1e-6) and torch.equal(x * constant(0.17, x), x * 0.17)
+
+
+def test_depth_read_of_one_token_in_float32_equals_depth_attention():
+    # the decode read takes the mean square as a matrix-vector product: the reference to float32 rounding
+    from tiny_k3.attnres import _depth_read, depth_attention
+    gen = torch.Generator().manual_seed(0)
+    for D in (64, 48):                                   # (1/48 is not a power of two)
+        sources = torch.randn(9, 1, 1, D, generator=gen) * torch.rand(9, 1, 1, 1, generator=gen) * 4
+        query, gain = torch.randn(D, generator=gen), 1 + 0.3 * torch.randn(D, generator=gen)
+        h, w = _depth_read(sources, query * gain, 1e-6)
+        h_ref, w_ref = depth_attention(sources, query, gain, 1e-6)
+        assert w_ref.std() > 0.05
+        torch.testing.assert_close(w, w_ref, atol=2e-6, rtol=0)
+        torch.testing.assert_close(h, h_ref, atol=2e-6 * float(sources.abs().max()), rtol=0)

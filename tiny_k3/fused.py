@@ -17,6 +17,19 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-dim tensor of like's dtype and device, made once: in an op with `like` the same number as
+    the Python float (torch casts a Python scalar to the tensor's dtype too), without wrapping it into a tensor
+    on every call, which costs a scalar op on the CPU three to four times its dispatch (~4.5 us against ~1)."""
+    return _constant_of(value, like.dtype, like.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _constant_of(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):   # a normal tensor, usable in and out of inference mode
+        return torch.tensor(value, dtype=dtype, device=device)
+
+
 def autograd_needed(tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 

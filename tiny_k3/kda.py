@@ -25,7 +25,7 @@ from torch import nn
 
 from .cache import KDAState
 from .config import K3Config
-from .fused import CachedCat, CachedWeights, FusedLinears, autograd_needed
+from .fused import CachedCat, CachedWeights, FusedLinears, autograd_needed, constant
 from .kda_chunk import check_inputs, compute_dtype, kda_chunked
 from .norm import rms_norm
 from .probe import NO_RECORDER, Recorder, detached
@@ -108,7 +108,7 @@ def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     S = S * g.reshape(B * H, K, 1).exp()                       # S' = Diag(alpha) S
     delta = torch.baddbmm(v.reshape(B * H, 1, V), k, S, alpha=-1).mul_(beta.reshape(B * H, 1, 1))  # beta (v - S'^T k)
     S = torch.baddbmm(S, k.mT, delta)                          # S' + k delta^T
-    o = torch.bmm(q.reshape(B * H, 1, K), S).mul_(scale)        # S^T (scale q)        [BH, 1, V]
+    o = torch.bmm(q.reshape(B * H, 1, K), S).mul_(constant(scale, S))   # S^T (scale q)  [BH, 1, V]
     return o.view(B, 1, H, V).to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
 
 
@@ -194,7 +194,7 @@ class KDALayer(nn.Module):
         if gate_low_rank.dtype != weight.dtype:   # (float32, or float64 with float64 inputs: as kda_gate)
             dtype = compute_dtype(gate_low_rank, weight)
             gate_low_rank, weight, bias = gate_low_rank.to(dtype), weight.to(dtype), bias.to(dtype)
-        return torch.sigmoid(F.linear(gate_low_rank, weight, bias)).mul_(self.lower_bound)
+        return torch.sigmoid(F.linear(gate_low_rank, weight, bias)).mul_(constant(self.lower_bound, weight))
 
     def _fold_gate(self, f_b: torch.Tensor, A_log: torch.Tensor,
                    dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,7 +252,7 @@ class KDALayer(nn.Module):
         # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in float32: q and k
         # side by side as 2H heads, one pass for both.
         qk = qk.reshape(B, T, 2 * H, K)
-        qk = qk * torch.rsqrt(qk.pow(2).sum(-1, keepdim=True) + 1e-6)
+        qk = qk * torch.rsqrt(qk.pow(2).sum(-1, keepdim=True) + constant(1e-6, qk))
         q, k = qk[:, :, :H], qk[:, :, H:]
         v = v.reshape(B, T, H, V)
         g = self.decay_gate(gate_low_rank).view(B, T, H, K)

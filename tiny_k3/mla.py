@@ -23,7 +23,7 @@ from torch import nn
 
 from .cache import MLACache
 from .config import K3Config
-from .fused import CachedWeights, FusedLinears, autograd_needed
+from .fused import CachedWeights, FusedLinears, autograd_needed, constant
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder, detached
 
@@ -131,7 +131,7 @@ class GatedMLA(nn.Module):
         W_kb, W_vb_t = self._absorbed()                                   # [H, nope, rank], [H, rank, v_dim]
         q_latent = torch.bmm(q_nope[:, 0].transpose(0, 1), W_kb)          # [H, B, rank]: W_kb^T q_n, per head
         scores = torch.baddbmm(torch.bmm(q_rope[:, 0], k_rope.mT),        # [B, H, S]: q_r · k_r + q_n · k_n
-                               q_latent.transpose(0, 1), latent.mT).mul_(self.scale)
+                               q_latent.transpose(0, 1), latent.mT).mul_(constant(self.scale, latent))
         probs = scores.softmax(dim=-1)
         context = torch.bmm(probs, latent)                                # [B, H, rank]: Σ_s p_s c_s
         attn = torch.bmm(context.transpose(0, 1), W_vb_t).transpose(0, 1)  # [B, H, v_dim]
