@@ -383,9 +383,9 @@ class LatentMoE(nn.Module):
         ids = routing.expert_ids.view(-1)                                  # [k] (a what-if may force another k)
         k = ids.numel()
         z = xs[E:E + l]                                                    # [l]
-        gate = torch.mv(w1.index_select(0, ids).view(k * m, l), z)        # [k*m]
-        h = self._glu_rows(gate, xs[E + l:E + l + hs], torch.mv(w3.index_select(0, ids).view(k * m, l), z),
-                           xs[E + l + hs:])                         # [k*m + hs]: routed, then shared; h / cap
+        rows = torch.cat([torch.mv(w1.index_select(0, ids).view(k * m, l), z), xs[E + l:E + l + hs],
+                          torch.mv(w3.index_select(0, ids).view(k * m, l), z), xs[E + l + hs:]]).view(2, -1)
+        h = self._glu_rows(rows)                                    # [k*m + hs]: routed, then shared; h / cap
         if m * l < self.decode_mv_min_elements:   # k small products, then their weighted sum
             every = torch.bmm(w2.index_select(0, ids), h[:k * m].view(k, m, 1))   # [k, l, 1]: W2_j h_j / cap
             y = torch.mm(routing.weights.view(1, k), every.view(k, l)).view(l)   # sum_j w_j W2_j h_j / cap
@@ -605,26 +605,20 @@ class LatentMoE(nn.Module):
         out = (self.w2 @ h).transpose(1, 2)[sorted_ids, rank] * weights.unsqueeze(-1)   # [P, l]
         return z.new_zeros(z.shape[0], l).index_add(0, token, out)
 
-    def _glu_rows(self, gate: torch.Tensor, shared_gate: torch.Tensor, up: torch.Tensor,
-                  shared_up: torch.Tensor) -> torch.Tensor:
-        """`glu([gate | shared_gate], [up | shared_up]) / _glu_cap()` (vectors) in fewer ops, for `_decode_token`.
-
-        SiTU-GLU: the rows [g; u; g] side by side in one buffer, the first two divided by their caps and
-        passed through tanh in place (the same quotients as one row at a time), tanh(u/25) *= tanh(g/4), and
-        F.glu of the last two rows is tanh(g/4) tanh(u/25) sigmoid(g) in one op. The product of the caps
-        (4 * 25) is left out: `_decode_output` applies it as a scalar of its last product."""
+    def _glu_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """`glu(rows[0], rows[1]) / _glu_cap()` for rows [2, n] (gate, up) in fewer ops: SiTU-GLU divides both
+        rows by their caps at once (the same quotients as one row at a time) and leaves out the product of the
+        caps (4 * 25), which `_decode_token` applies as a scalar of its last product."""
         c = self.config
         if c.mlp_act == "swiglu":
-            return swiglu(torch.cat([gate, shared_gate]), torch.cat([up, shared_up]))
-        rows = torch.cat([gate, shared_gate, up, shared_up, gate, shared_gate]).view(3, -1)
+            return swiglu(rows[0], rows[1])
         caps = self._situ_caps
         if caps is None or caps.dtype != rows.dtype or caps.device != rows.device:
             with torch.inference_mode(False):
                 caps = torch.tensor([[c.situ_beta_gate], [c.situ_beta_up]], dtype=rows.dtype, device=rows.device)
             self._situ_caps = caps
-        capped = rows[:2].div_(caps).tanh_()                               # [tanh(g/4); tanh(u/25)]
-        capped[1].mul_(capped[0])
-        return F.glu(rows[1:], 0).view(-1)
+        capped = torch.tanh(rows / caps)                                   # [tanh(g/4); tanh(u/25)]
+        return capped[0] * torch.sigmoid(rows[0]) * capped[1]
 
     def _glu_cap(self) -> float:
         """The factor `_glu_rows` leaves out: beta_gate * beta_up for SiTU-GLU, 1 for SwiGLU."""
