@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import K3Config
-from .fused import CachedWeights, autograd_needed
+from .fused import CachedWeights, autograd_needed, constant
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -70,9 +70,9 @@ def _chosen_weights(scores: torch.Tensor, expert_ids: torch.Tensor, renormalize:
     (The constants are tensors of the scores' dtype: the same numbers as Python floats, without a cast per op.)"""
     weights = scores.gather(-1, expert_ids)
     if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True).add_(_constant(1e-20, weights))
+        weights = weights / weights.sum(-1, keepdim=True).add_(constant(1e-20, weights))
     if scaling != 1.0:
-        weights = weights * _constant(scaling, weights)
+        weights = weights * constant(scaling, weights)
     return weights
 
 
@@ -134,21 +134,8 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta_gate: float = 4.0, beta_
     A soft-capped SwiGLU: beta*tanh(x/beta) ~ x for |x| << beta, so for small inputs h ~ silu(g) * u,
     while for large ones the gate stays below beta_gate and the up branch below beta_up in magnitude.
     """
-    g, u, scale = _constant(beta_gate, gate), _constant(beta_up, up), _constant(beta_gate * beta_up, gate)
+    g, u, scale = constant(beta_gate, gate), constant(beta_up, up), constant(beta_gate * beta_up, gate)
     return torch.tanh(gate / g) * torch.sigmoid(gate) * torch.tanh(up / u) * scale
-
-
-def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
-    """`value` as a 0-dim tensor of like's dtype and device: in an op with `like` the same number as the
-    Python float (torch casts a Python scalar to the tensor's dtype too), without the cast: a third of the
-    dispatch cost of a scalar op on CPU, which at decode is most of the op."""
-    return _constant_of(value, like.dtype, like.device)
-
-
-@lru_cache(maxsize=None)
-def _constant_of(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):  # an inference tensor could not take part in autograd later
-        return torch.tensor(value, dtype=dtype, device=device)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -585,9 +572,9 @@ class LatentMoE(nn.Module):
         if c.mlp_act == "swiglu":
             return F.silu(gate, inplace=True).mul_(up)
         gated = torch.sigmoid(gate, out=None if spare is None else spare.view(-1)[:gate.numel()].view(gate.shape))
-        gate.div_(_constant(c.situ_beta_gate, gate)).tanh_().mul_(gated)
-        up.div_(_constant(c.situ_beta_up, up)).tanh_()
-        return gate.mul_(up).mul_(_constant(c.situ_beta_gate * c.situ_beta_up, gate))
+        gate.div_(constant(c.situ_beta_gate, gate)).tanh_().mul_(gated)
+        up.div_(constant(c.situ_beta_up, up)).tanh_()
+        return gate.mul_(up).mul_(constant(c.situ_beta_gate * c.situ_beta_up, gate))
 
     def _mix_padded(self, z: torch.Tensor, sorted_ids: torch.Tensor, token: torch.Tensor, weights: torch.Tensor,
                     counts: torch.Tensor, most: int) -> torch.Tensor:
