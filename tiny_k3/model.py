@@ -160,6 +160,9 @@ class TinyK3(nn.Module):
         and counts in an MoE's `last_load`.
         hooks: a tiny_k3.hooks.Hooks of what-if changes (routing, KDA state and decay, depth weights, MLA
         window) in force for this call; None runs the model as trained.
+
+        Without autograd (under torch.no_grad) the pass runs in torch.inference_mode, so the logits and the
+        cache it returns are inference tensors: read them freely, clone one before changing it in place.
         """
         if INFERENCE_MODE and not torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
             # Without autograd the pass runs in inference mode: no version counters or view tracking, a tenth to
