@@ -1,13 +1,14 @@
 """The inference fast paths (tiny_k3/fused.py, kda_step, the KDA decode conv) against their references."""
 
 import copy
+import threading
 
 import pytest
 import torch
 from torch import nn
 
 from tiny_k3 import K3Config, TinyK3
-from tiny_k3.fused import CachedCat, CachedWeights, FusedLinears
+from tiny_k3.fused import CachedCat, CachedWeights, FusedLinears, scratch_buffer
 from tiny_k3.kda import KDALayer, kda_recurrent, kda_step
 
 F64 = torch.float64
@@ -193,3 +194,21 @@ def test_a_value_first_built_without_autograd_serves_autograd_later():
     y, _ = block.attn(block.attn_norm(x))
     y.sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_scratch_buffer_is_kept_per_slot_dtype_and_thread():
+    like = torch.zeros(1)
+    with torch.inference_mode():                       # made in inference mode ...
+        first = scratch_buffer("test slot", (2, 3), like)
+    first.fill_(1.0)                                   # ... and still writable outside it
+    again = scratch_buffer("test slot", (3, 2), like)
+    assert again.data_ptr() == first.data_ptr() and again.shape == (3, 2)        # the same memory, reshaped
+    bigger = scratch_buffer("test slot", (4, 4), like)
+    assert bigger.numel() == 16 and scratch_buffer("test slot", (2,), like).data_ptr() == bigger.data_ptr()
+    assert scratch_buffer("test slot", (2, 3), like.double()).dtype == torch.float64   # a dtype of its own
+    assert scratch_buffer("other slot", (2, 3), like).data_ptr() != bigger.data_ptr()
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(scratch_buffer("test slot", (4, 4), like).data_ptr()))
+    thread.start()
+    thread.join()
+    assert seen and seen[0] != bigger.data_ptr()      # another thread never shares a buffer

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tiny_k3 import K3Config
+from tiny_k3 import K3Config, fused
 from tiny_k3 import kda_chunk as chunk_module
 from tiny_k3.kda import KDALayer, kda_chunked, kda_gate, kda_recurrent
 from tiny_k3.probe import TraceRecorder
@@ -464,7 +464,7 @@ def test_cpu_form_picks_the_chunk_per_segment(monkeypatch):
 def test_cpu_form_scratch_serves_inference_mode_and_no_grad_alike():
     # the scratch outlives a call: made under inference_mode it must still be writable under no_grad (and back)
     q, k, v, g, beta = (t.float() for t in _inputs(1, 100, 2, 8, 8, lower_bound=-5.0))
-    chunk_module._scratch.__dict__.clear()
+    fused._SCRATCH.__dict__.clear()            # a fresh pool: the first call below makes the buffers
     with torch.inference_mode():
         first = kda_chunked(q, k, v, g, beta)[0]
     with torch.no_grad():

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 
 import torch
 import torch.nn.functional as F
 
-from .fused import autograd_needed
+from .fused import autograd_needed, scratch_buffer
 
 
 # ---------------------------------------------------------------------------- boundary helpers (every KDA op)
@@ -301,24 +300,12 @@ def _carry_state(N: int, W, U0, k_out_t, decay, S, keep_decayed: bool, buffers=N
 # while the state carry does not. Hence segments sized for the caches, row-major operands only, and C = 32.
 # And fresh memory is dear: the first write to each 4 KB page faults (~3 us on a VM, ~1 us bare metal), and
 # glibc hands the freed megabytes back to the kernel, so per-call temporaries fault again on every call
-# (measured at T = 4096: ~3,700 faults a call, ~10 ms of a 35 ms call, before this form kept them). Every intermediate therefore lives in a per-thread scratch
-# reused from segment to segment and from call to call; only the output is new memory.
+# (measured at T = 4096: ~3,700 faults a call, ~10 ms of a 35 ms call, before this form kept them). Every
+# intermediate therefore lives in a per-thread scratch (`fused.scratch_buffer`, about 6 MB here), reused from
+# segment to segment and from call to call; only the output is new memory.
 _CPU_CHUNK = 32                 # the longest chunk of `_chunked_cpu` (bench_kda: 32 beats 16 and 64)
 _CPU_MIN_CHUNK = 4              # its shortest: at K3's gate bound (g >= -5) chunks of 8 always factor
 _SEGMENT_BYTES = 512 * 1024     # one [tokens, H, K] operand of a segment (256 KB-1 MB swept at 1 and 2 threads)
-_scratch = threading.local()    # name -> flat tensor, per thread (two threads never share a buffer)
-
-
-def _scratch_tensor(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor of `shape` for the intermediate `name`, the same memory on every call of this
-    thread (grown when a call needs more). Holds at most a few segments' worth: ~6 MB at the default sizes."""
-    store = _scratch.__dict__.setdefault("tensors", {})
-    numel = math.prod(shape)
-    flat = store.get(name)
-    if flat is None or flat.numel() < numel or flat.dtype != like.dtype or flat.device != like.device:
-        with torch.inference_mode(False):  # a normal tensor: writable inside and outside inference mode
-            flat = store[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
-    return flat[:numel].view(shape)
 
 
 @functools.lru_cache(maxsize=16)
@@ -380,8 +367,8 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     def chunked(x):  # [B, R*C, H, D] -> [R, B, H, C, D] (a strided view)
         return x.unflatten(1, (R, C)).permute(1, 0, 3, 2, 4)
 
-    def scratch(name, *shape):
-        return _scratch_tensor(name, shape, q)
+    def scratch(name, *shape):  # (fused.scratch_buffer: kept between calls, per thread)
+        return scratch_buffer("kda " + name, shape, q)
 
     upper, eye = _chunk_constants(C, q.dtype, q.device)
     x = torch.matmul(upper, g.reshape(B * R, C, H * K), out=scratch("to_end", B * R, C, H * K))

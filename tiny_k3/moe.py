@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import warnings
 from functools import lru_cache
 from typing import NamedTuple
@@ -29,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import K3Config
-from .fused import CachedWeights, autograd_needed, constant
+from .fused import CachedWeights, autograd_needed, constant, scratch_buffer
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
 
@@ -402,15 +401,15 @@ class LatentMoE(nn.Module):
         """`forward` for many tokens [B, T, D] without autograd: router, down projection and the shared
         experts' gate and up are one product with x, W_up RMSNorm(y) + W2_shared h one product with
         [y / rms(y) | h] (the norm's weight folded into W_up, as in `_decode_token`), and the experts run in
-        `_mix_token_major`. Temporaries that never leave the call live in reused buffers (`_scratch`).
+        `_mix_token_major`. Temporaries that never leave the call live in reused buffers (`scratch_buffer`).
         The same sums as the general path, grouped otherwise; tests compare the two."""
         c, mods = self.config, self._modules
         E, l, hs = c.num_experts, c.latent_dim, mods["shared"]._modules["w1"].out_features
         n = x.shape[0] * x.shape[1]
         weight = fused[0]
-        xs = torch.mm(x.reshape(n, -1), weight.t(), out=_scratch("xs", (n, weight.shape[0]), x))  # [N, E+l+2hs]
+        xs = torch.mm(x.reshape(n, -1), weight.t(), out=scratch_buffer("xs", (n, weight.shape[0]), x))  # [N, E+l+2hs]
         # the scores leave the call only in a recording ("moe" event); otherwise a reused buffer (no page faults)
-        scores = torch.sigmoid(xs[:, :E], out=None if recorder is not NO_RECORDER else _scratch("scores", (n, E), x))
+        scores = torch.sigmoid(xs[:, :E], out=None if recorder is not NO_RECORDER else scratch_buffer("scores", (n, E), x))
         router, scores = mods["router"], scores.view(*x.shape[:-1], E)
         if hooks is not None and hooks.changes_routing(layer):
             routing = hooks.route(layer, scores, router)
@@ -424,7 +423,7 @@ class LatentMoE(nn.Module):
         y = self._mix_token_major(z, routing.expert_ids.reshape(n, k), routing.weights.reshape(n, k))
         y = F.rms_norm(y, (l,), eps=mods["latent_norm"].eps)              # its weight is in W_out
         # the shared experts' GLU in the memory of their gate and up (columns of the scratch xs, read once)
-        h = self._glu_(xs[:, E + l:E + l + hs], xs[:, E + l + hs:], _scratch("shared sigmoid", (n, hs), x))
+        h = self._glu_(xs[:, E + l:E + l + hs], xs[:, E + l + hs:], scratch_buffer("shared sigmoid", (n, hs), x))
         return F.linear(torch.cat([y, h], -1), fused[1]).view_as(x)
 
     def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -512,19 +511,19 @@ class LatentMoE(nn.Module):
         pairs, flat, z = n * k, ids.reshape(-1, 1), z.contiguous()
         # the patterns' column indices (int64, up to megabytes) in reused buffers, as the values are
         gate_columns = torch.add(torch.arange(m, device=z.device), flat, alpha=m,
-                                 out=_scratch("gate columns", (pairs, m), flat)).view(-1)      # [P*m]
+                                 out=scratch_buffer("gate columns", (pairs, m), flat)).view(-1)      # [P*m]
         rows = torch.arange(0, pairs * m + 1, k * m, device=z.device)                           # [N + 1]
         gate = _sampled(rows, gate_columns, z, self.w1.view(E * m, l).t(), "gate").view(pairs, m)
         up = _sampled(rows, gate_columns, z, self.w3.view(E * m, l).t(), "up").view(pairs, m)
-        h = self._glu_(gate, up, _scratch("sampled sigmoid", (pairs, m), z))
+        h = self._glu_(gate, up, scratch_buffer("sampled sigmoid", (pairs, m), z))
         h.mul_(weights.reshape(pairs, 1).to(z.dtype))                                           # [P, m]
         if self._sparse_rows_pay(pairs):
             # y = H @ W2^T with H [N, E*m] the (w h) values at the gate's entries: a sparse-dense product over a
             # copy of W2 as [E*m, l] (into a reused buffer), which sums each token's k pairs as it goes
-            stacked = _scratch("w2 rows", (E, m, l), z).copy_(self.w2.transpose(1, 2)).view(E * m, l)
+            stacked = scratch_buffer("w2 rows", (E, m, l), z).copy_(self.w2.transpose(1, 2)).view(E * m, l)
             return torch.mm(_csr(rows, gate_columns, h.view(-1), (n, E * m)), stacked)
         out_columns = torch.add(torch.arange(l, device=z.device), flat, alpha=l,
-                                out=_scratch("out columns", (pairs, l), flat)).view(-1)        # [P*l]
+                                out=scratch_buffer("out columns", (pairs, l), flat)).view(-1)        # [P*l]
         rows = torch.arange(0, pairs * l + 1, l, device=z.device)                               # [P + 1]
         out = _sampled(rows, out_columns, h, self.w2.view(E * l, m).t(), "out")
         return out.view(n, k, l).sum(1)
@@ -536,10 +535,10 @@ class LatentMoE(nn.Module):
         stacks (w1, w3 [S, m, l], w2 [S, l, m]); temporaries in the scratch buffers named `scratch`. [N, j, l]."""
         w1, w3, w2 = stacks
         (S, m, l) = w1.shape
-        columns = _scratch(scratch + "columns", (S, l, width), z).zero_()         # Z^T per expert
+        columns = scratch_buffer(scratch + "columns", (S, l, width), z).zero_()         # Z^T per expert
         columns.transpose(1, 2)[experts, column] = z.unsqueeze(1)
-        gate = torch.bmm(w1, columns, out=_scratch(scratch + "gate", (S, m, width), z))
-        up = torch.bmm(w3, columns, out=_scratch(scratch + "up", (S, m, width), z))
+        gate = torch.bmm(w1, columns, out=scratch_buffer(scratch + "gate", (S, m, width), z))
+        up = torch.bmm(w3, columns, out=scratch_buffer(scratch + "up", (S, m, width), z))
         # once read, columns hold the GLU's sigmoid, then W2's output
         h = self._glu_(gate, up, columns if l >= m else None)
         return torch.bmm(w2, h, out=columns).transpose(1, 2)[experts, column]
@@ -678,24 +677,6 @@ class LatentMoE(nn.Module):
         return self.combine(torch.einsum("bte,btel->btl", mix, every), x)
 
 
-_SCRATCH = threading.local()
-
-
-def _scratch(slot: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """A buffer [shape] of like's dtype and device for a temporary that never leaves the call, kept between
-    calls (and layers: they run one after another) of this thread, grown when a call needs more.
-
-    Why: at prefill the fast path's temporaries are megabytes, which glibc's malloc serves from fresh pages
-    (mmap, or a heap it trimmed after the last call): a page fault per 4 KB, which cost more than the
-    arithmetic. Per thread, so two simulations in two threads never share one.
-    """
-    pool = _SCRATCH.__dict__.setdefault("pool", {})
-    key, numel = (slot, like.dtype, like.device), math.prod(shape)
-    buffer = pool.get(key)
-    if buffer is None or buffer.numel() < numel:
-        with torch.inference_mode(False):  # usable in place outside inference mode too (under no_grad)
-            buffer = pool[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
-    return buffer[:numel].view(shape)
 
 
 _SPARSE_WARNED = False
@@ -703,19 +684,16 @@ _SPARSE_WARNED = False
 
 def _sampled(rows: torch.Tensor, columns: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scratch: str) -> torch.Tensor:
     """(a @ b) at the entries of the CSR pattern (crow indices `rows`, `columns`) -> their values [nnz], in the
-    scratch buffer named `scratch` (`_scratch`: valid until the next call that uses that name). a [R, K]
+    scratch buffer named `scratch` (`scratch_buffer`: valid until the next call that uses that name). a [R, K]
     contiguous, b [K, C] (a transposed view of a contiguous [C, K] is read as it is, with no copy).
 
     torch.sparse.sampled_addmm, beta=0, with the pattern as its own output (no copy of the pattern, no fresh
     values). Its CPU kernel adds beta * (the old value), and 0 * inf or NaN is NaN, so the values start at
     zero: a NaN from an earlier call could otherwise reach this one."""
-    values = _scratch("sampled " + scratch, (columns.numel(),), a).zero_()
+    values = scratch_buffer("sampled " + scratch, (columns.numel(),), a).zero_()
     pattern = _csr(rows, columns, values, (rows.numel() - 1, b.shape[1]))
     torch.sparse.sampled_addmm(pattern, a, b, beta=0.0, out=pattern)
     return values
-
-
-_SPARSE_WARNED = False
 
 
 def _csr(rows: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

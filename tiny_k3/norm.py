@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .fused import constant
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -35,13 +36,7 @@ def rms_norm_row(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
     r = 1.0 / math.sqrt(float(torch.dot(flat, flat)) / flat.shape[0] + eps)
     if weight is None:
         return x * r
-    return torch.addcmul(_zero(x.dtype), x, weight, value=r)     # 0 + (r x) w
-
-
-@lru_cache(maxsize=None)
-def _zero(dtype: torch.dtype) -> torch.Tensor:
-    with torch.inference_mode(False):   # a normal tensor, usable in and out of inference mode
-        return torch.zeros((), dtype=dtype)
+    return torch.addcmul(constant(0.0, x), x, weight, value=r)     # 0 + (r x) w
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
