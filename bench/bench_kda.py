@@ -10,7 +10,8 @@ by up to 40 % with the 2-core machine's phase; loaded from its file, since fla's
 and our own `kda_recurrent` (the definition, one pass). faults/call: the chunked form's minor page faults. A recurrence is timed on a prefix when a full pass would take over 30 s (then scaled to
 the full length, which is exact for a loop of identical steps, and marked '*'). The last line per thread
 count repeats the longest chunked run with every channel decaying at the bound (g = -5), the worst case:
-no chunk can be factored in one piece, so every chunk is split into sub-chunks.
+no chunk can be factored in one piece, so every chunk is split into sub-chunks. `--floor` adds the chunked
+call's op floor (bench/op_floor.py): what its ops take when each runs alone with its operands in cache.
 Target (issue 15): chunked at T=4096 >= 25x fla's naive recurrence on 1 thread, >= 35x on 2.
 """
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from op_floor import record_ops, replay_floor  # noqa: E402
 from tiny_k3.kda import kda_chunked, kda_gate, kda_recurrent  # noqa: E402
 
 H, K, V, LOWER_BOUND = 4, 64, 64, -5.0
@@ -119,6 +121,8 @@ def main() -> None:
     parser.add_argument("--reference-rounds", type=int, default=3,
                         help="passes of fla's recurrence, interleaved with the chunked rounds (its best is used)")
     parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--floor", action="store_true",
+                        help="also the longest length's op floor: each op of one chunked call replayed alone, warm")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
     args = parser.parse_args()
@@ -158,6 +162,20 @@ def main() -> None:
             x = inputs(T, args.device, strong_decay=True)
             worst = best_ms(lambda: kda_chunked(*x, chunk_size=args.chunk), 3, sync)
             print(f"{T:>6} {worst:>11.1f}   (chunked, worst-case decay g = -5)")
+            if args.floor:
+                x = inputs(T, args.device)
+                print_floor(lambda: kda_chunked(*x, chunk_size=args.chunk), T, sync)
+
+
+def print_floor(call, T: int, sync) -> None:
+    """The op floor of one call (bench/op_floor.py) beside that call's best time, and where the floor goes."""
+    call()
+    ms = best_ms(call, 5, sync)
+    floor = replay_floor(record_ops(call))
+    print(f"{T:>6} {ms:>11.1f}   (chunked) vs its op floor {floor.total_ms:.1f} ms: every op of the call replayed "
+          f"alone with warm caches, the Python between ops left out")
+    for name, calls, op_ms in floor.by_op[:8]:
+        print(f"{'':>8}{op_ms:>7.2f} ms  {calls:>4} x {name}")
 
 
 if __name__ == "__main__":

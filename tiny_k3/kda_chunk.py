@@ -356,9 +356,10 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
         k↓ = K ⊙ e,   k↑ = Diag(β) K / e,   q↑ = Q / e,   A = strict_tril(k↑ k↓^T),  P = tril(q↑ k↓^T)
         W = (I+A)^-1 k↑,  U0 = (I+A)^-1 Diag(β) V;  per chunk n: S~_n = Diag(e^Γ_C) S, U = U0 - W S~_n,
         S <- S~_n + k↓^T U,  and after the loop  O = scale (q↑ S~ + P U)  for all chunks at once.
-    In the loop S~_{n+1} = D_{n+1} S~_n + (D_{n+1} k↓_n^T) U_n is formed in place (D = Diag(e^Γ_C)), the
-    second factor for all chunks beforehand: three ops per chunk and no copies. k↓^T [K, C] is the one
-    transposed operand: the product that forms it writes it transposed.
+    In the loop S~_{n+1} = D_{n+1} (S~_n + k↓_n^T U_n) (D = Diag(e^Γ_C)) is written straight into the next
+    chunk's slot and decayed there: three ops per chunk and no copies. k↓^T [K, C] is the one transposed
+    operand: the product that forms it writes it transposed. q↑ and β/e are divisions (one pass each, no
+    reciprocal kept).
     """
     B, L, H, K = q.shape
     V, R = v.shape[-1], L // C
@@ -380,9 +381,9 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     e = x.exp_().view(B, L, H, K)
     k_down_t = scratch("k_down_t", R, B, H, K, C)
     torch.mul(chunked(k), chunked(e), out=k_down_t.mT)
-    e_inv = e.reciprocal_()
-    q_up = torch.mul(chunked(q), chunked(e_inv), out=scratch("q_up", R, B, H, C, K)).view(M, C, K)
-    k_up = torch.mul(chunked(k), chunked(e_inv.mul_(beta)), out=scratch("k_up", R, B, H, C, K)).view(M, C, K)
+    q_up = torch.div(chunked(q), chunked(e), out=scratch("q_up", R, B, H, C, K)).view(M, C, K)
+    beta_over_e = torch.div(beta, e, out=e)                                  # e is not read again
+    k_up = torch.mul(chunked(k), chunked(beta_over_e), out=scratch("k_up", R, B, H, C, K)).view(M, C, K)
     v_beta = torch.mul(chunked(v), chunked(beta), out=scratch("v_beta", R, B, H, C, V)).view(M, C, V)
     k_down_t = k_down_t.view(M, K, C)
     A = torch.bmm(k_up, k_down_t, out=scratch("A", M, C, C)).tril_(-1)
@@ -392,14 +393,13 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     W = torch.bmm(T_inv, k_up, out=scratch("W", M, C, K)).view(R, BH, C, K)
     U = torch.bmm(T_inv, v_beta, out=scratch("U", M, C, V)).view(R, BH, C, V)   # U0, made U in the loop
     k_down_t = k_down_t.view(R, BH, K, C)
-    decayed_k = torch.mul(decay[1:], k_down_t[:-1], out=scratch("decayed_k", R - 1, BH, K, C))
     starts = scratch("starts", R, BH, K, V)                                  # S~_n for every chunk
     torch.mul(decay[0], S, out=starts[0])
     # per-chunk views, made once: indexing a tensor 8 times a chunk would cost about what one product does
-    Us, Ws, Xs, Ds, DKs = (t.unbind() for t in (U, W, starts, decay, decayed_k))   # Xs[n] = S~_n
+    Us, Ws, Xs, Ds, Ks = (t.unbind() for t in (U, W, starts, decay, k_down_t))   # Xs[n] = S~_n
     for n in range(R - 1):
         Us[n].baddbmm_(Ws[n], Xs[n], alpha=-1)                                # U_n = U0_n - W_n S~_n
-        torch.mul(Ds[n + 1], Xs[n], out=Xs[n + 1]).baddbmm_(DKs[n], Us[n])   # S~_n+1 = D S~_n + (D k↓_n^T) U_n
+        torch.baddbmm(Xs[n], Ks[n], Us[n], out=Xs[n + 1]).mul_(Ds[n + 1])    # S~_n+1 = D (S~_n + k↓_n^T U_n)
     Us[-1].baddbmm_(Ws[-1], Xs[-1], alpha=-1)
     S = torch.baddbmm(Xs[-1], k_down_t[-1], Us[-1])                         # new memory: returned to the caller
     O = torch.bmm(q_up, starts.view(M, K, V), out=scratch("O", M, C, V)).baddbmm_(P, U.view(M, C, V))
