@@ -552,15 +552,57 @@ def test_samples_pay_is_its_cost_model_on_the_cpu_only():
     assert not LatentMoE(K3Config.preset("small"), device="meta")._samples_pay(4096)  # measured on the CPU only
 
 
-def test_sparse_rows_pay_is_its_cost_model():
-    for preset, tokens, expected in [("small", 256, True), ("small", 16, False), ("k3-topo", 256, True),
-                                     ("mini-896/16", 256, False), ("mini-896/16", 1024, True)]:
+@pytest.mark.parametrize("kept", [True, False])    # W2 as rows kept between calls (no copy), or copied each call
+def test_sparse_rows_pay_is_its_cost_model(kept):
+    for preset, tokens, expected in [("small", 256, True), ("small", 16, kept), ("k3-topo", 256, True),
+                                     ("mini-896/16", 256, kept), ("mini-896/16", 1024, True)]:
         moe = LatentMoE(K3Config.preset(preset), device="meta")
+        moe.keep_w2_rows = kept
         E, l, m = moe.w2.shape
         pairs = tokens * moe.config.top_k
         sampled = pairs * l * moe.sampled_down_us_per_entry
-        rows = E * m * l * moe.transpose_us_per_element + pairs * m * l * moe.sparse_rows_us_per_mac
+        rows = (0 if kept else E * m * l * moe.transpose_us_per_element) + pairs * m * l * moe.sparse_rows_us_per_mac
         assert (rows < sampled) == expected == moe._sparse_rows_pay(pairs), (preset, tokens, rows, sampled)
+
+
+@pytest.mark.parametrize("preset", ["small", "mini-896/16"])
+def test_kept_w2_rows_equal_the_references_and_follow_every_change_of_w2(preset):
+    moe = _moe(preset)
+    moe.sampled_products = True
+    assert moe._sparse_rows_pay(16 * moe.config.top_k)           # the kept rows make the sparse-dense product pay
+    x = torch.randn(1, 40, moe.config.hidden_size, dtype=torch.float64)
+    names = set(moe.state_dict())
+    with torch.no_grad():
+        first = moe(x)
+        rows = moe._w2_rows(x)
+        assert rows is moe._w2_rows(x)                              # kept between calls, not rebuilt
+        E, l, m = moe.w2.shape
+        assert torch.equal(rows.view(E, m, l), moe.w2.transpose(1, 2))  # row e*m + i = W2_e[:, i]
+        torch.testing.assert_close(first, moe.dense_reference(x), rtol=0, atol=1e-12)
+        moe.w2.mul_(-1.5).add_(0.01)                              # in place (an optimiser step): same storage
+        changed = moe(x)
+        assert (changed - first).abs().max() > 1e-2                # a stale copy would give `first` again
+        torch.testing.assert_close(changed, moe.dense_reference(x), rtol=0, atol=1e-12)
+        moe.load_state_dict(_moe(preset, seed=1).state_dict())    # a checkpoint load: copies into W2
+        torch.testing.assert_close(moe(x), moe.dense_reference(x), rtol=0, atol=1e-12)
+        moe.keep_w2_rows = False                                   # a copy on every call: the same numbers
+        torch.testing.assert_close(moe(x), moe.dense_reference(x), rtol=0, atol=1e-12)
+    assert set(moe.state_dict()) == names                          # a cache, not state: the checkpoint keys stay
+
+
+def test_w2_rows_are_not_kept_for_inference_tensors(monkeypatch):
+    torch.manual_seed(0)
+    with torch.inference_mode():                                   # weights made here have no version counter
+        moe = LatentMoE(K3Config.preset("small"))
+        moe.sampled_products = True
+        x = torch.randn(1, 32, moe.config.hidden_size)
+        assert not moe._w2_rows_kept() and not moe._sparse_rows_pay(32 * moe.config.top_k)  # the copy costs
+        monkeypatch.setattr(moe, "_sparse_rows_pay", lambda pairs: True)                  # run it anyway
+        fast = moe(x)
+        moe.w2.mul_(2.0)                                           # unseen by a cache: none may be kept
+        fast_changed = moe(x)
+        torch.testing.assert_close(fast_changed, moe.dense_reference(x), rtol=1e-5, atol=1e-6)
+        assert (fast_changed - fast).abs().max() > 1e-4
 
 
 def test_tier_width_is_the_least_of_its_cost_model():

@@ -264,6 +264,8 @@ class LatentMoE(nn.Module):
         # The fused paths' two matrices (`_fused_weights`): a cache (tiny_k3/fused.py), so the state_dict is unchanged.
         self._fused = CachedWeights(self, ("router", "down", "shared.w1", "shared.w3", "up", "latent_norm",
                                            "shared.w2"), _fused_pair)
+        # W2 as [E*m, l] for `_mix_sampled`'s sparse-dense down product: a cache too (see `_w2_rows`)
+        self._w2_rows_cache = CachedWeights(self, ("w2",), _rows_of_w2, attr=None)
         self._situ_caps = None
 
     @property
@@ -487,15 +489,41 @@ class LatentMoE(nn.Module):
 
     # `_sparse_rows_pay`'s cost model in microseconds (one CPU core; small, k3-topo, mini-896/16 at 256 tokens):
     # the down products as sampled products cost per entry (a dot of length m, then the k-sum); as one
-    # sparse-dense product they need W2 copied as [E*m, l] (per element) and cost per multiply-add.
+    # sparse-dense product they need W2 as [E*m, l] (a copy per element, unless `_w2_rows` keeps one) and
+    # cost per multiply-add.
     sampled_down_us_per_entry, transpose_us_per_element, sparse_rows_us_per_mac = 6e-3, 1.25e-3, 2e-4
+    # `_w2_rows` keeps its copy of W2 between calls (tests set False to copy it on every call, as without it).
+    keep_w2_rows = True
 
     def _sparse_rows_pay(self, pairs: int) -> bool:
-        """In `_mix_sampled`, the down products cost less as H @ W2^T (a copy of W2, then a sparse-dense
-        product) than as sampled products (P*l dot products of length m), by the cost model above."""
+        """In `_mix_sampled`, the down products cost less as H @ W2^T (a sparse-dense product with W2 as
+        [E*m, l], copied unless `_w2_rows` keeps the copy) than as sampled products (P*l dot products of
+        length m), by the cost model above."""
         E, l, m = self._parameters["w2"].shape
         sampled = pairs * l * self.sampled_down_us_per_entry
-        return E * m * l * self.transpose_us_per_element + pairs * m * l * self.sparse_rows_us_per_mac < sampled
+        copy = 0.0 if self._w2_rows_kept() else E * m * l * self.transpose_us_per_element
+        return copy + pairs * m * l * self.sparse_rows_us_per_mac < sampled
+
+    def _w2_rows_kept(self) -> bool:
+        """`_w2_rows` returns a kept copy: `keep_w2_rows`, and W2 a normal tensor (an inference tensor, made
+        under torch.inference_mode, has no version counter to tell when the copy would be stale)."""
+        return self.keep_w2_rows and not self._parameters["w2"].is_inference()
+
+    def _w2_rows(self, like: torch.Tensor) -> torch.Tensor:
+        """W2 [E, l, m] as rows [E*m, l] (row e*m + i = W2_e[:, i]): the right operand of the down product
+        H @ W2^T in `_mix_sampled`. Where `_w2_rows_kept`, a cache of the parameter (`CachedWeights`: the
+        state_dict is unchanged, and the copy is rebuilt when W2's storage, version or dtype changes: an
+        optimiser step, a checkpoint load, `.to()`); otherwise a copy into a reused buffer on every call.
+
+        Memory: the cache is a second W2, a third more routed-expert memory, made only by a prefill that
+        takes this product (the CPU; never at decode): small 0.46 MB per MoE layer (3.2 MB for its 7),
+        mini-896/16 3.7 MB per layer (26 MB for 7), k3-topo 0.92 MB per layer (84 MB for 92), in float32.
+        It saves that copy on every call: at 256 tokens ~0.15 ms of small's ~3 ms, and for mini-896/16 it
+        makes this product pay at all (its sampled down products cost ~1.7 ms, the sparse-dense one ~0.8)."""
+        if self._w2_rows_kept():
+            return self._w2_rows_cache()
+        E, l, m = self._parameters["w2"].shape
+        return scratch_buffer("w2 rows", (E, m, l), like).copy_(self.w2.transpose(1, 2)).view(E * m, l)
 
     def _mix_sampled(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`mix_experts` for ids, weights [N, k] (row n's k pairs) as three sampled products, without autograd.
@@ -518,10 +546,9 @@ class LatentMoE(nn.Module):
         h = self._glu_(gate, up, scratch_buffer("sampled sigmoid", (pairs, m), z))
         h.mul_(weights.reshape(pairs, 1).to(z.dtype))                                           # [P, m]
         if self._sparse_rows_pay(pairs):
-            # y = H @ W2^T with H [N, E*m] the (w h) values at the gate's entries: a sparse-dense product over a
-            # copy of W2 as [E*m, l] (into a reused buffer), which sums each token's k pairs as it goes
-            stacked = scratch_buffer("w2 rows", (E, m, l), z).copy_(self.w2.transpose(1, 2)).view(E * m, l)
-            return torch.mm(_csr(rows, gate_columns, h.view(-1), (n, E * m)), stacked)
+            # y = H @ W2^T with H [N, E*m] the (w h) values at the gate's entries: a sparse-dense product with
+            # W2 as rows [E*m, l] (`_w2_rows`), which sums each token's k pairs as it goes
+            return torch.mm(_csr(rows, gate_columns, h.view(-1), (n, E * m)), self._w2_rows(z))
         out_columns = torch.add(torch.arange(l, device=z.device), flat, alpha=l,
                                 out=scratch_buffer("out columns", (pairs, l), flat)).view(-1)        # [P*l]
         rows = torch.arange(0, pairs * l + 1, l, device=z.device)                               # [P + 1]
@@ -708,6 +735,12 @@ def _csr(rows: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, shape:
         matrix = torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
     _SPARSE_WARNED = True
     return matrix
+
+
+def _rows_of_w2(w2: torch.Tensor) -> torch.Tensor:
+    """W2 [E, l, m] -> [E*m, l], row e*m + i = W2_e[:, i] (`LatentMoE._w2_rows`)."""
+    E, l, m = w2.shape
+    return w2.transpose(1, 2).contiguous().view(E * m, l)
 
 
 def _fused_pair(router, down, w1_shared, w3_shared, up, norm, w2_shared) -> tuple[torch.Tensor, torch.Tensor]:
