@@ -103,14 +103,23 @@ def top_k_ids(biased: torch.Tensor, k: int) -> torch.Tensor:
         kept = table.amax(1).topk(k + 1, dim=-1, sorted=False).indices           # [R, k+1] group ids
         members = table.gather(2, kept.unsqueeze(1).expand(rows, size, k + 1))  # [R, s, k+1]: member i of kept j
         top = members.view(rows, size * (k + 1)).topk(k + 1, dim=-1)            # position i*(k+1) + j
-        pos = top.indices[:, :k]
-        ids = kept.gather(1, pos % (k + 1)) + (pos // (k + 1)) * groups          # [R, k] expert ids
+        # the expert id of every member (i*G + kept j, one broadcast add), read at the top k positions: fewer
+        # ops than splitting each position into i and j (integer division and remainder are slow on the CPU)
+        member_ids = torch.add(kept.unsqueeze(1), _member_offsets(size, groups, kept.device)).view(rows, -1)
+        ids = member_ids.gather(1, top.indices[:, :k])                           # [R, k] expert ids
         values = top.values
-        exact = (values[:, :-1] > values[:, 1:]).all(1)
-        if not bool(exact.all()):
-            redo = (~exact).nonzero().squeeze(1)
+        decreasing = values[:, :-1] > values[:, 1:]
+        if not bool(decreasing.all()):
+            redo = (~decreasing.all(1)).nonzero().squeeze(1)
             ids[redo] = biased.detach().reshape(rows, num_experts)[redo].topk(k, dim=-1, sorted=True).indices
     return ids.view(*biased.shape[:-1], k)
+
+
+@lru_cache(maxsize=None)
+def _member_offsets(size: int, groups: int, device: torch.device) -> torch.Tensor:
+    """[s, 1] long: i * G, the offset of member i of a group in `top_k_ids`' table (made once per shape)."""
+    with torch.inference_mode(False):   # a normal tensor, usable in and out of inference mode
+        return torch.arange(0, size * groups, groups, device=device).unsqueeze(1)
 
 
 @lru_cache(maxsize=None)
