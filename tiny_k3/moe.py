@@ -433,8 +433,11 @@ class LatentMoE(nn.Module):
         z = xs[:, E:E + l]                                                  # a view: rows of xs
         y = self._mix_token_major(z, routing.expert_ids.reshape(n, k), routing.weights.reshape(n, k))
         y = F.rms_norm(y, (l,), eps=mods["latent_norm"].eps)              # its weight is in W_out
-        # the shared experts' GLU in the memory of their gate and up (columns of the scratch xs, read once)
-        h = self._glu_(xs[:, E + l:E + l + hs], xs[:, E + l + hs:], scratch_buffer("shared sigmoid", (n, hs), x))
+        # the shared experts' GLU in place, on contiguous copies of their gate and up (columns of xs): the GLU's
+        # eight ops on rows of stride E + l + 2hs cost twice the two copies and the ops on dense buffers
+        gate = scratch_buffer("shared gate", (n, hs), x).copy_(xs[:, E + l:E + l + hs])
+        up = scratch_buffer("shared up", (n, hs), x).copy_(xs[:, E + l + hs:])
+        h = self._glu_(gate, up, scratch_buffer("shared sigmoid", (n, hs), x))
         return F.linear(torch.cat([y, h], -1), fused[1]).view_as(x)
 
     def _mix_token_major(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
