@@ -60,7 +60,8 @@ class _Recorder(TorchDispatchMode):
 _METADATA_ONLY = ("aten.view", "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.expand", "aten.slice",
                   "aten.select", "aten.unbind", "aten.t.", "aten.transpose", "aten.as_strided", "aten.unflatten",
                   "aten.alias", "aten.detach", "aten._unsafe_view", "aten.split", "aten.narrow", "aten.diagonal",
-                  "aten.lift_fresh", "aten.empty", "aten._local_scalar_dense", "aten.is_nonzero")
+                  "aten.mT", "aten.lift_fresh", "aten.empty", "aten.item", "aten._local_scalar_dense",
+                  "aten.is_nonzero")
 
 
 def record_ops(call) -> list[RecordedOp]:

@@ -535,7 +535,7 @@ class LatentMoE(nn.Module):
         if self._w2_rows_kept():
             return self._w2_rows_cache()
         E, l, m = self._parameters["w2"].shape
-        return scratch_buffer("w2 rows", (E, m, l), like).copy_(self.w2.transpose(1, 2)).view(E * m, l)
+        return _rows_of_w2(self.w2, out=scratch_buffer("w2 rows", (E, m, l), like))
 
     def _mix_sampled(self, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`mix_experts` for ids, weights [N, k] (row n's k pairs) as three sampled products, without autograd.
@@ -749,10 +749,11 @@ def _csr(rows: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, shape:
     return matrix
 
 
-def _rows_of_w2(w2: torch.Tensor) -> torch.Tensor:
-    """W2 [E, l, m] -> [E*m, l], row e*m + i = W2_e[:, i] (`LatentMoE._w2_rows`)."""
+def _rows_of_w2(w2: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """W2 [E, l, m] -> [E*m, l], row e*m + i = W2_e[:, i] (`LatentMoE._w2_rows`); into out [E, m, l] if given."""
     E, l, m = w2.shape
-    return w2.transpose(1, 2).contiguous().view(E * m, l)
+    rows = w2.transpose(1, 2).contiguous() if out is None else out.copy_(w2.transpose(1, 2))
+    return rows.view(E * m, l)
 
 
 def _fused_pair(router, down, w1_shared, w3_shared, up, norm, w2_shared) -> tuple[torch.Tensor, torch.Tensor]:
