@@ -242,3 +242,46 @@ def test_shipped_checkpoints_are_small_documented_and_trained():
         model = TinyK3.from_pretrained(path.stem)         # checks config, names, shapes, finiteness
         assert model.config == config_for(path.stem)
         assert evaluate(model, rows) < 2.5                 # fresh weights: about ln(512) = 6.2
+
+
+def test_copy_lines_repeat_their_span_and_weigh_all_but_its_first_byte():
+    import random
+    from tiny_k3.corpus import copy_line
+    rng = random.Random(3)
+    for _ in range(50):
+        line = copy_line(rng)
+        span, copy = line.split(f" {RECALL_MARK} ")
+        assert span == copy and 4 <= len(span) <= 24, line
+        mask = answer_mask(line)
+        start = len(span) + 3
+        assert list(mask) == [0] * (start + 1) + [1] * (len(copy) - 1), (line, list(mask))
+    text = sample_corpus(20_000, seed=1, copy_share=0.3)
+    lines = text.split("\n")[:-1]
+    copies = sum(bool(re.fullmatch(r"([a-z0-9]+) \| \1", line)) for line in lines)
+    assert 0.2 < copies / len(lines) < 0.4, copies / len(lines)
+    assert "|" not in sample_corpus(5_000, seed=1, recall_share=0.0), "no copy lines unless a stage asks"
+
+
+def test_attention_logit_gain_at_init_scales_every_mla_logit_by_the_gain():
+    from tiny_k3.train import scale_attention_logits_at_init
+    config = K3Config.preset("tiny").twin().replace(dtype="float64")
+    torch.manual_seed(0)
+    model = TinyK3(config).double()
+    x = torch.randn(1, 7, config.hidden_size, dtype=torch.float64)
+
+    def logits_of(layer):
+        c = config
+        q = layer.project_q(x).view(1, 7, c.mla_heads, c.qk_head_dim)
+        kv = layer.kv_a_proj(x)
+        latent, k_rope = layer.kv_norm(kv[..., :c.kv_lora_rank]), kv[..., c.kv_lora_rank:]
+        k_nope = layer.kv_b_proj(latent).view(1, 7, c.mla_heads, -1)[..., :c.qk_nope_dim]
+        k = torch.cat([k_nope, k_rope[:, :, None].expand(-1, -1, c.mla_heads, -1)], -1)
+        return torch.einsum("bthd,bshd->bhts", q, k)
+
+    layer = model.blocks[0].attn
+    before = logits_of(layer)
+    values_before = layer.kv_b_proj.weight.view(config.mla_heads, -1, config.kv_lora_rank)[:, config.qk_nope_dim:].clone()
+    scale_attention_logits_at_init(model, 4.0)
+    torch.testing.assert_close(logits_of(layer), 4.0 * before, rtol=1e-12, atol=0)
+    torch.testing.assert_close(layer.kv_b_proj.weight.view(config.mla_heads, -1, config.kv_lora_rank)[:, config.qk_nope_dim:],
+                               values_before, rtol=0, atol=0)

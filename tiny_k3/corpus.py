@@ -8,6 +8,9 @@ One line = one exercise, all plain ASCII (one byte = one token):
                  the state (or the KV cache) must hold the values until then
     brackets     ([a]{b(c)})                     closing the right bracket needs a stack of what is open
     words        the small cat sees a red box.   a small vocabulary and grammar
+    copy         k3qa8z | k3qa8z                 (only where a training stage asks for them) a span, then the
+                 same span again: the cleanest signal for an induction circuit, "find the earlier copy
+                 of this token and say what came after it", which a softmax-only model must grow to recall
 
 Token classes (`token_class`) let the bench ask whether routing follows them: digit, operator, letter,
 bracket, space (anything else is "other").
@@ -30,6 +33,7 @@ PART_WEIGHTS = (0.25, 0.45, 0.1, 0.2)
 RECALL_MARK = "|"           # after it, every `key=` is followed by the value given before it
 MAX_FILLER = 200            # longest filler (characters = tokens) between a recall line's definitions and queries
 _VALUE = re.compile(r"=(\d+)")
+_COPY = re.compile(r"^([a-z0-9]+) \| ([a-z0-9]+)$")
 
 CLASSES = ("digit", "operator", "letter", "bracket", "space", "other")
 _CLASS_OF = {**{c: "digit" for c in "0123456789"}, **{c: "operator" for c in "+-*/=<>"},
@@ -108,10 +112,22 @@ def sum_line(rng: random.Random) -> str:
                                                       for _ in range(rng.randint(2, 6))))
 
 
+COPY_CHARS = LETTERS + "0123456789"
+
+
+def copy_line(rng: random.Random, min_len: int = 4, max_len: int = 24) -> str:
+    """'k3qa8z | k3qa8z': a random span of letters and digits, the mark, then the span again."""
+    span = "".join(rng.choice(COPY_CHARS) for _ in range(rng.randint(min_len, max_len)))
+    return f"{span} {RECALL_MARK} {span}"
+
+
 def sample_line(rng: random.Random, max_filler: int = MAX_FILLER, recall_share: float | None = None,
-                max_pairs: int = len(LETTERS)) -> str:
+                max_pairs: int = len(LETTERS), copy_share: float = 0.0) -> str:
     """One exercise; recall lines carry 0..max_filler characters of filler between definitions and queries
-    and 1..max_pairs pairs. recall_share overrides the share of recall lines (the rest keep their proportions)."""
+    and 1..max_pairs pairs. recall_share overrides the share of recall lines (the rest keep their proportions);
+    copy_share > 0 makes that share of all lines copy lines (copy_line), drawn before anything else."""
+    if copy_share and rng.random() < copy_share:
+        return copy_line(rng)
     weights = PART_WEIGHTS if recall_share is None else tuple(
         recall_share if p == "recall" else w * (1 - recall_share) / (1 - PART_WEIGHTS[1])
         for p, w in zip(PARTS, PART_WEIGHTS))
@@ -140,12 +156,16 @@ def answer_mask(text: str) -> bytearray:
 
     Answers are the digits after "=" in an equation (the byte before "=" is a digit or ")") and the
     values of the queries after RECALL_MARK; a definition's value ("a=3" before the mark) is a free
-    choice, so it is not an answer. Training weights these bytes up (tiny_k3.train).
+    choice, so it is not an answer. In a copy line the span after the mark is an answer, except its first
+    byte (nothing before it says where the copy starts). Training weights these bytes up (tiny_k3.train).
     """
     mask = bytearray(len(text))
     offset = 0
     for line in text.split("\n"):
         mark = line.find(RECALL_MARK)
+        copy = _COPY.match(line)
+        if copy and copy.group(1) == copy.group(2):
+            mask[offset + copy.start(2) + 1:offset + copy.end(2)] = b"\x01" * (len(copy.group(2)) - 1)
         for m in _VALUE.finditer(line):
             before = line[m.start() - 1] if m.start() else ""
             if before.isdigit() or before == ")" or (mark != -1 and m.start() > mark):
@@ -155,13 +175,13 @@ def answer_mask(text: str) -> bytearray:
 
 
 def sample_corpus(n_chars: int, seed: int, max_filler: int = MAX_FILLER, recall_share: float | None = None,
-                  max_pairs: int = len(LETTERS)) -> str:
+                  max_pairs: int = len(LETTERS), copy_share: float = 0.0) -> str:
     """Exactly n_chars of newline-separated exercises; the same seed (and settings) gives the same text."""
     if n_chars < 0:
         raise ValueError(f"n_chars must be 0 or more, got {n_chars}.")
     rng = random.Random(seed)
     lines, size = [], 0
     while size < n_chars:
-        lines.append(sample_line(rng, max_filler, recall_share, max_pairs))
+        lines.append(sample_line(rng, max_filler, recall_share, max_pairs, copy_share))
         size += len(lines[-1]) + 1
     return "\n".join(lines)[:n_chars]

@@ -63,13 +63,15 @@ class Stage:
     max_pairs: int = 26                   # pairs per recall line, at most
     seq_len: int = 256                    # bytes per row (after BOS)
     batch: int = 12                       # rows per step
+    copy_share: float = 0.0               # share of copy lines "k3qa8z | k3qa8z" (corpus.copy_line)
 
 
 def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), answer_weight: float = 1.0) -> Rows:
     """At least n_rows packed rows of sample_corpus(seed, ...stage) -> Rows of [n_rows, seq_len + 1]."""
     n_chars = int(n_rows * seq_len * 1.3) + 4 * seq_len
     while True:
-        text = sample_corpus(n_chars, seed, stage.max_filler, stage.recall_share, stage.max_pairs)
+        text = sample_corpus(n_chars, seed, stage.max_filler, stage.recall_share, stage.max_pairs,
+                             stage.copy_share)
         rows = pack_lines(text, seq_len, answer_weight)
         if len(rows) >= n_rows:
             return rows[:n_rows]

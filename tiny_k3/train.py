@@ -54,7 +54,36 @@ CURRICULUM = (                          # one stage per quarter of the run: easy
     Stage(max_filler=128, recall_share=0.6, seq_len=256, batch=12),
     Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=256, batch=12),
 )
+# Recall first through an induction circuit: copy lines "k3qa8z | k3qa8z" beside the recall lines while the
+# model is young (a softmax-only model has no short convolution to shift the key into the value's position, so it
+# must grow "find the earlier copy, say what came next"), then more pairs and filler, rows long enough for 26.
+INDUCTION_CURRICULUM = (
+    Stage(max_filler=16, recall_share=1.0, max_pairs=6, seq_len=128, batch=24, copy_share=0.3),
+    Stage(max_filler=64, recall_share=0.8, max_pairs=16, seq_len=192, batch=16, copy_share=0.15),
+    Stage(max_filler=128, recall_share=0.6, seq_len=320, batch=10, copy_share=0.05),
+    Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=320, batch=10),
+)
+CURRICULA = {"shipped": CURRICULUM, "induction": INDUCTION_CURRICULUM}
 ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
+
+
+def scale_attention_logits_at_init(model: TinyK3, gain: float) -> None:
+    """Multiply every MLA layer's query and key projections by sqrt(gain): its attention logits by `gain`.
+
+    Why: at width 64 with latents of 16 and 24 q.k dimensions the logits start near 0.1 (uniform attention),
+    and the gradient that would sharpen a look-up is proportional to how much the logits already vary.
+    Only the query projection and the key rows of kv_b (and the shared rope key) change; values do not.
+    """
+    if gain == 1.0:
+        return
+    root = gain ** 0.5
+    c = model.config
+    with torch.no_grad():
+        for layer in (block.attn for block in model.blocks if block.kind == "mla"):
+            (layer.q_b_proj if layer.q_b_proj is not None else layer.q_proj).weight.mul_(root)
+            kv_b = layer.kv_b_proj.weight.view(c.mla_heads, c.qk_nope_dim + c.v_head_dim, -1)
+            kv_b[:, :c.qk_nope_dim].mul_(root)
+            layer.kv_a_proj.weight[c.kv_lora_rank:].mul_(root)
 
 
 def lm_loss(model: TinyK3, rows: Rows) -> torch.Tensor:
@@ -114,6 +143,7 @@ class TrainResult:
     eval_steps: list[int] = field(default_factory=list)
     eval_loss: list[float] = field(default_factory=list)
     eval_recall: list[float] = field(default_factory=list)     # exact recall, 4 pairs, 64 tokens of filler
+    eval_recall_many: list[float] = field(default_factory=list)  # exact recall, 16 pairs, 16 tokens of filler
     fresh_eval_loss: float = float("nan")
     tokens: int = 0
     seconds: float = 0.0        # wall time of the training steps
@@ -132,12 +162,14 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
           lr: float = 2e-3,
           weight_decay: float = 0.1, clip: float = 1.0, warmup: int | None = None, bias_update: bool = True,
           answer_weight: float = ANSWER_WEIGHT, curriculum: tuple[Stage, ...] = CURRICULUM,
-          eval_every: int = 250, device=None, progress: bool = True, log=print) -> TrainResult:
+          qk_gain: float = 1.0, eval_every: int = 250, device=None, progress: bool = True,
+          log=print) -> TrainResult:
     """Train TinyK3(config) from seed for `steps` steps.
 
     The rows follow `curriculum` (data.Stage: the recall lines, the row length and batch of each stage) and
     weight the answer bytes by `answer_weight` in the loss (data.py); `batch` / `seq_len`, when given,
-    replace every stage's (smoke runs, ablations).
+    replace every stage's (smoke runs, ablations). qk_gain scales the MLA attention logits at init
+    (scale_attention_logits_at_init; 1 leaves the init as it is).
     """
     curriculum = tuple(dataclasses.replace(st, batch=batch or st.batch, seq_len=seq_len or st.seq_len)
                        for st in curriculum)
@@ -152,9 +184,11 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
                          f"({config.max_seq_len}).")
     torch.manual_seed(seed)
     model = TinyK3(config, device=device)
+    scale_attention_logits_at_init(model, qk_gain)
     data = [rows.to(model.device) for rows in curriculum_rows(steps, seed, curriculum, answer_weight)]
     heldout = heldout_rows(seq_len, model.device)
     probes = make_probes(24, pairs=4, filler_chars=64, seed=EVAL_SEED)
+    many_probes = make_probes(8, pairs=16, filler_chars=16, seed=EVAL_SEED)
     warmup = min(100, steps // 10) if warmup is None else warmup
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -197,8 +231,10 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
                 result.eval_steps.append(step + 1)
                 result.eval_loss.append(evaluate(model, heldout))
                 result.eval_recall.append(recall_accuracy(model, probes))
+                result.eval_recall_many.append(recall_accuracy(model, many_probes))
                 log(f"step {step + 1}/{steps}: train {sum(result.train_loss[-50:]) / len(result.train_loss[-50:]):.3f}"
-                    f"  held-out {result.eval_loss[-1]:.3f}  recall {result.eval_recall[-1]:.0%}  {result.tokens / result.seconds:,.0f} tok/s"
+                    f"  held-out {result.eval_loss[-1]:.3f}  recall {result.eval_recall[-1]:.0%}"
+                    f"  recall16 {result.eval_recall_many[-1]:.0%}  {result.tokens / result.seconds:,.0f} tok/s"
                     f"  {result.seconds:.0f}s wall, {result.cpu_seconds:.0f}s CPU")
     return result
 
@@ -214,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=None, help="rows per step (default: each stage's)")
     parser.add_argument("--seq-len", type=int, default=None, help="bytes per row (default: each stage's)")
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: min(100, steps / 10))")
+    parser.add_argument("--curriculum", choices=sorted(CURRICULA), default="shipped",
+                        help="the stages of recall lines (CURRICULUM, INDUCTION_CURRICULUM)")
+    parser.add_argument("--qk-gain", type=float, default=1.0,
+                        help="multiply MLA attention logits at init by this (scale_attention_logits_at_init)")
     parser.add_argument("--answer-weight", type=float, default=ANSWER_WEIGHT,
                         help="loss weight of recalled values and sums' results")
     parser.add_argument("--residual", choices=("block", "full", "standard"), default=None,
@@ -238,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
         console = Console()
         result = train(config, args.steps, args.seed, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
+                       warmup=args.warmup, curriculum=CURRICULA[args.curriculum], qk_gain=args.qk_gain,
                        bias_update=not args.no_bias_update, answer_weight=args.answer_weight, eval_every=args.eval_every, device=device,
                        progress=console.is_terminal, log=lambda msg: print(msg, flush=True))
     except (ConfigError, ValueError) as exc:
@@ -245,14 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model = result.model
     model.load_state_dict(shipped_state(model))      # measure the weights exactly as they will be stored
-    eval_len = args.seq_len or CURRICULUM[-1].seq_len
+    eval_len = args.seq_len or CURRICULA[args.curriculum][-1].seq_len
     heldout = evaluate(model, heldout_rows(eval_len, model.device))
     last = result.train_loss[-50:]
     info = {
         "name": args.name or config.name, "preset": args.preset,
         "command": "python -m tiny_k3.train " + " ".join(shlex.quote(a) for a in argv),
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
-        "answer_weight": args.answer_weight, "curriculum": [dataclasses.asdict(stage) for stage in CURRICULUM],
+        "answer_weight": args.answer_weight, "warmup": args.warmup, "qk_gain": args.qk_gain,
+        "curriculum_name": args.curriculum,
+        "curriculum": [dataclasses.asdict(stage) for stage in CURRICULA[args.curriculum]],
         "bias_update": not args.no_bias_update, "residual": config.residual, "tokens": result.tokens,
         "final_train_loss": round(sum(last) / len(last), 4), "heldout_loss": round(heldout, 4),
         "heldout_loss_fresh": round(result.fresh_eval_loss, 4), "heldout": f"sample_corpus seed {EVAL_SEED}, "
@@ -263,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         "curve": {"step": result.steps[9::10], "train_loss": [round(sum(result.train_loss[i - 10:i]) / 10, 4)
                                                              for i in result.steps[9::10]],
                   "eval_step": result.eval_steps, "eval_loss": [round(x, 4) for x in result.eval_loss],
-                  "eval_recall_4pairs_64filler": [round(x, 4) for x in result.eval_recall]},
+                  "eval_recall_4pairs_64filler": [round(x, 4) for x in result.eval_recall],
+                  "eval_recall_16pairs_16filler": [round(x, 4) for x in result.eval_recall_many]},
     }
     path = save_checkpoint(model, weights_path(info["name"], Path(args.out)), info)
     print(f"saved {path} ({path.stat().st_size / 1e6:.2f} MB): final train loss {info['final_train_loss']}, "
