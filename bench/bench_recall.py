@@ -1,18 +1,24 @@
-"""Does the memory work? In-context recall of the shipped small (hybrid), small-twin (all MLA), small-kda (all KDA).
+"""Does the memory work? The exact capacity of one state, then in-context recall of the three trained models.
 
-    python bench/bench_recall.py [--probes 32] [--threads 2]
+    python bench/bench_recall.py [--probes 100] [--threads 1] [--seed 0] [--sections capacity,sums,pairs,distance,where]
+                                 [--checkpoint small-twin=runs/x/small-twin.safetensors ...]
 
-Probes are lines "a=3; q=8; <filler> | q=8; a=3;" (tiny_k3.recall), every value after "|" scored
-teacher-forced: the argmax after "q=" must be the digit defined before the mark. Chance is 10 %.
-
-0. single-digit sums "a+b=" answered right (all 100 of them), at a line start and after another equation;
-1. exact recall vs number of pairs (1, 2, 4, 8, 16, 26) at a short distance (16 tokens of filler);
-2. exact recall vs distance (0, 32, 128, 512, 1024 tokens of filler) at 2 pairs;
-3. the decode cache each model held at the first query (bytes, measured from the live cache), beside 1 and 2;
+0. the retrieval cliff, no training (tiny_k3.capacity): N key -> value pairs written into one K x V delta-rule
+   state and read back, beside softmax attention over the same keys, K = 8..64, in float64, with the state
+   and cache bytes; and the gated decay forgetting with distance;
+1. single-digit sums "a+b=" answered right (all 100 of them), at a line start and after another equation;
+2. exact recall vs number of pairs (1, 2, 4, 8, 16, 26) at a short distance (16 tokens of filler);
+3. exact recall vs distance (0, 32, 128, 512, 1024 tokens of filler) at 2 pairs;
 4. where recall lives: the hybrid with its MLA layers unable to attend to the definitions (their latent
-   rows dropped: exact masking under NoPE) vs with every KDA state reset just before the queries; and
-   small-kda with each KDA layer's state reset in turn.
-All numbers are measured in this one run on the stored bfloat16 weights (cast to float32).
+   rows dropped: exact masking under NoPE) vs with every KDA state reset just before the queries, at few and
+   many pairs; small-kda with all states, then only its first KDA layer's, reset.
+
+Probes are lines "a=3; q=8; <filler> | q=8; a=3;" (tiny_k3.recall), every value after "|" scored teacher-forced:
+the argmax after "q=" must be the digit defined before the mark. Chance is 10 %. Each cell is exact recall over
+all answers of --probes probe lines (a line of n pairs asks n), with its Wilson 95 % interval in brackets; the
+answers of one line share its context, so read the interval as a floor on the uncertainty. Probe lines come
+from --seed (cell seeds seed + offsets printed in the code below). Measured on the stored bfloat16 weights
+(cast to float32), in this one run.
 """
 
 from __future__ import annotations
@@ -28,14 +34,22 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tiny_k3 import TinyK3  # noqa: E402
 from tiny_k3.cache import KDAState  # noqa: E402
+from tiny_k3.capacity import KEY_KINDS, decay_row, format_cliff, pair_counts, retrieval_cliff  # noqa: E402
+from tiny_k3.recall import (edited_recall_hits, hide_definitions_from_mla, make_probes, recall_hits,  # noqa: E402
+                            reset_kda_states, wilson_interval)
 from tiny_k3.tokenizer import encode  # noqa: E402
-from tiny_k3.recall import (edited_recall_accuracy, hide_definitions_from_mla, make_probes,  # noqa: E402
-                            reset_kda_states)
 
 MODELS = ("small", "small-twin", "small-kda")
 PAIRS = (1, 2, 4, 8, 16, 26)
 DISTANCES = (0, 32, 128, 512, 1024)
 SHORT = 16
+SECTIONS = ("capacity", "sums", "pairs", "distance", "where")
+
+
+def cell(hits: int, answers: int) -> str:
+    """'98% [96,99]': the share right and its Wilson 95 % interval, in whole percent."""
+    low, high = wilson_interval(hits, answers)
+    return f"{hits / answers:.0%} [{low * 100:.0f},{high * 100:.0f}]"
 
 
 @torch.no_grad()
@@ -60,65 +74,93 @@ def cache_bytes_at_query(model: TinyK3, probes) -> int:
     return round(sum(sizes) / len(sizes))
 
 
-def row(label: str, cells: list[str], width: int = 9) -> str:
-    return f"{label:<14}" + "".join(f"{c:>{width}}" for c in cells)
+def row(label: str, cells: list[str], width: int = 13) -> str:
+    return f"{label:<16}" + "".join(f"{c:>{width}}" for c in cells)
+
+
+def load_models(checkpoints: list[str]) -> dict[str, TinyK3]:
+    """The shipped three, each replaced by a checkpoint file where --checkpoint NAME=PATH says so."""
+    from tiny_k3.train import load_checkpoint
+
+    paths = dict(spec.split("=", 1) for spec in checkpoints)
+    unknown = set(paths) - set(MODELS)
+    if unknown:
+        raise SystemExit(f"--checkpoint names must be among {', '.join(MODELS)}, got {', '.join(sorted(unknown))}.")
+    return {name: (load_checkpoint(paths[name]) if name in paths else TinyK3.from_pretrained(name)).eval()
+            for name in MODELS}
+
+
+def capacity_section() -> None:
+    print("\n0. the retrieval cliff: N pairs in one K x V delta-rule state (beta 1, no decay) vs softmax attention "
+          "(tau 0.02) over the same N keys; float64, >= 256 reads per cell; bytes at float32")
+    points = [p for kind in KEY_KINDS for K in (8, 16, 32, 64) for p in retrieval_cliff(K, pair_counts(K), kind)]
+    print(format_cliff(points))
+    print("decay on (alpha 0.95 per write, K 64, orthogonal keys): share of a pair left after d more writes")
+    decay = decay_row(64, 0.95)
+    print(row("d", [str(d) for d, _ in decay], 7))
+    print(row("retained", [f"{r:.3f}" for _, r in decay], 7))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--probes", type=int, default=32, help="probe lines per cell")
+    parser.add_argument("--probes", type=int, default=100, help="probe lines per cell (at least 100 for the record)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the probe lines")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"a comma list from {', '.join(SECTIONS)}")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=PATH",
+                        help="measure this checkpoint file in place of a shipped model (e.g. an experiment in runs/)")
     args = parser.parse_args(argv)
+    sections = args.sections.split(",")
+    if set(sections) - set(SECTIONS):
+        parser.error(f"--sections must be a comma list from {', '.join(SECTIONS)}, got {args.sections!r}.")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.probes} probes per cell, chance 10%")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.probes} probes per cell, "
+          f"seed {args.seed}, chance 10%, cells: exact recall [Wilson 95% interval]")
+    for spec in args.checkpoint:
+        print(f"checkpoint {spec}")
     start = time.perf_counter()
-    models = {name: TinyK3.from_pretrained(name).eval() for name in MODELS}
+    if "capacity" in sections:
+        capacity_section()
+    models = load_models(args.checkpoint) if set(sections) - {"capacity"} else {}
+    seed, n = args.seed, args.probes
 
-    print("\n0. single-digit sums a+b= (all 100), whole result right, at a line start / after '12+5=17 '")
-    for name, model in models.items():
-        print(row(name, [f"{sum_accuracy(model):.0%}", f"{sum_accuracy(model, '12+5=17 '):.0%}"]))
+    if "sums" in sections:
+        print("\n1. single-digit sums a+b= (all 100), whole result right, at a line start / after '12+5=17 '")
+        for name, model in models.items():
+            print(row(name, [f"{sum_accuracy(model):.0%}", f"{sum_accuracy(model, '12+5=17 '):.0%}"]))
 
-    print(f"\n1. exact recall vs pairs, {SHORT} tokens of filler   (cache bytes at the first query)")
-    print(row("pairs", [str(n) for n in PAIRS]))
-    for name, model in models.items():
-        cells, sizes = [], []
-        for n in PAIRS:
-            probes = make_probes(args.probes, n, SHORT, seed=100 + n)
-            cells.append(f"{edited_recall_accuracy(model, probes):.0%}")
-            sizes.append(f"{cache_bytes_at_query(model, probes[:4]) / 1024:.0f}K")
-        print(row(name, cells))
-        print(row("  cache", sizes))
+    if "pairs" in sections:
+        print(f"\n2. exact recall vs pairs, {SHORT} tokens of filler   (cache bytes at the first query)")
+        print(row("pairs", [str(p) for p in PAIRS]))
+        for name, model in models.items():
+            probes = {p: make_probes(n, p, SHORT, seed=seed + 100 + p) for p in PAIRS}
+            print(row(name, [cell(*recall_hits(model, probes[p])) for p in PAIRS]))
+            print(row("  cache", [f"{cache_bytes_at_query(model, probes[p][:4]) / 1024:.0f}K" for p in PAIRS]))
 
-    print("\n2. exact recall vs distance (tokens of filler), 2 pairs   (cache bytes at the first query)")
-    print(row("distance", [str(d) for d in DISTANCES]))
-    for name, model in models.items():
-        cells, sizes = [], []
-        for d in DISTANCES:
-            probes = make_probes(args.probes, 2, d, seed=200 + d)
-            cells.append(f"{edited_recall_accuracy(model, probes):.0%}")
-            sizes.append(f"{cache_bytes_at_query(model, probes[:4]) / 1024:.0f}K")
-        print(row(name, cells))
-        print(row("  cache", sizes))
+    if "distance" in sections:
+        print("\n3. exact recall vs distance (tokens of filler), 2 pairs   (cache bytes at the first query)")
+        print(row("distance", [str(d) for d in DISTANCES]))
+        for name, model in models.items():
+            probes = {d: make_probes(n, 2, d, seed=seed + 200 + d) for d in DISTANCES}
+            print(row(name, [cell(*recall_hits(model, probes[d])) for d in DISTANCES]))
+            print(row("  cache", [f"{cache_bytes_at_query(model, probes[d][:4]) / 1024:.0f}K" for d in DISTANCES]))
 
-    print(f"\n3. where the recall lives (2 and 4 pairs, {SHORT} and 128 tokens of filler)")
-    settings = [(2, SHORT), (4, SHORT), (2, 128), (4, 128)]
-    print(row("pairs/filler", [f"{n}/{d}" for n, d in settings], 10))
-    hybrid = models["small"]
-    edits = {"intact": None, "MLA blind": hide_definitions_from_mla, "KDA reset": reset_kda_states()}
-    for label, edit in edits.items():
-        print(row(f"small {label}", [f"{edited_recall_accuracy(hybrid, make_probes(args.probes, n, d, 300 + n + d), edit):.0%}"
-                                     for n, d in settings], 10))
-    kda = models["small-kda"]
-    kda_layers = [i for i, b in enumerate(kda.blocks) if b.kind == "kda"]
-    print(row("small-kda", [f"{edited_recall_accuracy(kda, make_probes(args.probes, n, d, 300 + n + d)):.0%}"
-                            for n, d in settings], 10))
-    for layer in kda_layers:
-        edit = reset_kda_states({layer})
-        print(row(f"  reset L{layer}", [f"{edited_recall_accuracy(kda, make_probes(args.probes, n, d, 300 + n + d), edit):.0%}"
-                                        for n, d in settings], 10))
-    state = sum(c.nbytes() for c in kda(make_probes(1, 1, 0, 0)[0].tokens[None])[1].layers if isinstance(c, KDAState))
-    print(f"\nsmall-kda's whole memory is {state / 1024:.0f} KiB of KDA state, whatever the context length.")
+    if "where" in sections:
+        settings = [(2, SHORT), (4, 128), (16, SHORT), (26, SHORT)]
+        print("\n4. where the recall lives (pairs/filler)")
+        print(row("pairs/filler", [f"{p}/{d}" for p, d in settings]))
+        probes = {s: make_probes(n, s[0], s[1], seed + 300 + s[0] + s[1]) for s in settings}
+        hybrid, kda = models["small"], models["small-kda"]
+        first_kda = next(i for i, b in enumerate(kda.blocks) if b.kind == "kda")
+        for label, model, edit in (("small intact", hybrid, None), ("small MLA blind", hybrid, hide_definitions_from_mla),
+                                   ("small KDA reset", hybrid, reset_kda_states()), ("small-kda", kda, None),
+                                   ("  reset all", kda, reset_kda_states()),
+                                   (f"  reset L{first_kda}", kda, reset_kda_states({first_kda}))):
+            print(row(label, [cell(*edited_recall_hits(model, probes[s], edit)) for s in settings]))
+        state = sum(c.nbytes() for c in kda(make_probes(1, 1, 0, 0)[0].tokens[None])[1].layers
+                    if isinstance(c, KDAState))
+        print(f"\nsmall-kda's whole memory is {state / 1024:.0f} KiB of KDA state, whatever the context length.")
     print(f"measured in {time.perf_counter() - start:.0f} s")
     return 0
 

@@ -269,7 +269,14 @@ def test_lesson3_facts(executed):
     # "why no bandwidth model can reach 6.24x": every bandwidth-model number and Kimi Linear's own ceiling below it
     assert f["kimi_linear_ceiling"] < s["Kimi Linear TPOT"]
     assert max(s["KV-only limit at 1M"], s["memory bars at 1M"], s["L / L_MLA ceiling"]) < s["Kimi Linear TPOT"]
-    # section 6: recall against cache bytes, for whichever of the three checkpoints ship
+    # section 6, the retrieval cliff: "exactly up to N = K", "attention reads back exactly at every N",
+    # "at N = 2K the mean cosine is ...: room for K directions, no more", "alpha^d"
+    assert {int(K): n for K, n in f["cliff_holds"].items()} == {8: 8, 16: 16, 32: 32, 64: 64}, f["cliff_holds"]
+    assert f["cliff_attention_exact"] is True
+    assert all(c < 0.8 for c in f["cliff_cos_at_2K"].values()), f["cliff_cos_at_2K"]
+    assert all(e < 1.0 for e in f["cliff_random_exact_at_K"].values()), "random keys interfere sooner"
+    assert all(abs(r - 0.95 ** d) < 1e-4 for d, r in f["cliff_decay"]), f["cliff_decay"]
+    # section 7: recall against cache bytes, for whichever of the three checkpoints ship
     recall, held, pairs, layers = f["recall"], f["held"], f["pairs"], f["recall_layers"]
     assert "small" in recall and pairs == sorted(pairs) and len(pairs) >= 4, f
     for name, r in recall.items():

@@ -62,6 +62,20 @@ def _rope_table(past: int, T: int, dim: int, theta: float, dtype: torch.dtype, d
     return rope_factors(*rope_angles(past + torch.arange(T, device=device), dim, theta, dtype))
 
 
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention, the op: q [B, H, T, D], k [B, H, S, D], v [B, H, S, V] -> (probs [B, H, T, S],
+    out [B, H, T, V]), probs = softmax(scale * q k^T) over the keys that `mask` (bool, broadcast to
+    [B, H, T, S]; None: all) lets through. scale is 1/sqrt(D) in a layer, 1/temperature in tiny_k3.capacity.
+    """
+    # as batched matmuls over (B, H): at decode an einsum costs twice the ops (its permutes are separate dispatches)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return probs, torch.matmul(probs, v)
+
+
 class GatedMLA(nn.Module):
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()
@@ -107,9 +121,7 @@ class GatedMLA(nn.Module):
         k_nope, v = self.kv_b_proj(latent).view(B, S, H, self.nope + self.v_dim).split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, S, H, self.rope)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
-        # scores [B, H, T, S] = q k^T / sqrt(d) per head, as batched matmuls over (B, H): at decode an einsum
-        # costs twice the ops (its permutes and reshapes are separate dispatches)
-        scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).mul_(self.scale)
+        causal = None
         if T > 1 or key_mask is not None or window is not None:
             query_pos = (past + torch.arange(T, device=q.device))[:, None]
             keys = torch.arange(S, device=q.device)[None, :]
@@ -118,9 +130,8 @@ class GatedMLA(nn.Module):
                 causal = causal & (keys > query_pos - window)
             if key_mask is not None:  # padding keys are hidden; a padding query still sees itself (no empty rows)
                 causal = (causal & (key_mask[:, None, :].bool() | (keys == query_pos)))[:, None]   # [B, 1, T, S]
-            scores = scores.masked_fill(~causal, float("-inf"))
-        probs = scores.softmax(dim=-1)
-        return probs, torch.matmul(probs, v.transpose(1, 2)).transpose(1, 2)
+        probs, attn = softmax_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.scale, causal)
+        return probs, attn.transpose(1, 2)
 
     def attend_absorbed(self, q_nope, q_rope, latent, k_rope):
         """`attend_expanded` for one query per row and no mask (decode), without expanding the S cached latents

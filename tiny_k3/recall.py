@@ -7,6 +7,7 @@ line up to "q=" and its argmax next byte must be the digit defined before the ma
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable
@@ -54,6 +55,44 @@ def probe_correct(logits: torch.Tensor, probe: Probe) -> torch.Tensor:
     return logits[at].argmax(-1) == probe.tokens.to(logits.device)[at + 1]
 
 
+def wilson_interval(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion hits / n (95 % at z = 1.96): honest near 0 % and 100 %, where
+    the normal approximation p +- z sqrt(p(1-p)/n) collapses to a point (Wilson, JASA 22, 1927)."""
+    if n < 1 or not 0 <= hits <= n:
+        raise ValueError(f"need 0 <= hits <= n and n >= 1, got hits={hits}, n={n}.")
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@torch.no_grad()
+def recall_hits(model, probes: list[Probe], batch: int = 32) -> tuple[int, int]:
+    """(answers right, answers asked) over all probes, `batch` probes per forward pass.
+
+    The probes of a batch are left-padded to one length (TinyK3's attention_mask: padding changes no KDA
+    state, is invisible to MLA and shifts no RoPE position), so each row's logits are those of the probe alone.
+    """
+    was_training = model.training
+    model.eval()
+    hits = answers = 0
+    for start in range(0, len(probes), batch):
+        group = probes[start:start + batch]
+        width = max(len(p.tokens) for p in group)
+        tokens = torch.zeros(len(group), width, dtype=torch.long)
+        mask = torch.zeros(len(group), width, dtype=torch.bool)
+        for row, p in enumerate(group):
+            tokens[row, width - len(p.tokens):] = p.tokens
+            mask[row, width - len(p.tokens):] = True
+        logits, _ = model(tokens.to(model.device), attention_mask=mask.to(model.device))
+        for row, p in enumerate(group):
+            right = probe_correct(logits[row, width - len(p.tokens):], p)
+            hits += int(right.sum())
+            answers += len(right)
+    model.train(was_training)
+    return hits, answers
+
+
 @torch.no_grad()
 def recall_accuracy(model, probes: list[Probe], **forward_kw) -> float:
     """Fraction of recalled values that are the argmax, over all answers of all probes."""
@@ -68,14 +107,12 @@ def recall_accuracy(model, probes: list[Probe], **forward_kw) -> float:
 
 
 @torch.no_grad()
-def edited_recall_accuracy(model, probes: list[Probe], edit: CacheEdit | None = None) -> float:
-    """recall_accuracy with the decode cache edited at the query: prefill up to the mark, edit, read on.
-
-    With edit=None this equals recall_accuracy (a prefill that is split gives the same logits).
-    """
+def edited_recall_hits(model, probes: list[Probe], edit: CacheEdit | None = None) -> tuple[int, int]:
+    """(answers right, answers asked) with the decode cache edited at the query: prefill up to the mark, edit,
+    read on. With edit=None this counts what recall_hits counts (a prefill that is split gives the same logits)."""
     was_training = model.training
     model.eval()
-    hits = []
+    hits = answers = 0
     for probe in probes:
         tokens = probe.tokens[None].to(model.device)
         _, cache = model(tokens[:, :probe.query_start])
@@ -83,9 +120,17 @@ def edited_recall_accuracy(model, probes: list[Probe], edit: CacheEdit | None = 
             edit(cache, probe)
         logits, _ = model(tokens[:, probe.query_start:], cache)
         at = torch.tensor(probe.answer_at) - probe.query_start
-        hits.append(logits[0, at].argmax(-1) == tokens[0, at + probe.query_start + 1])
+        right = logits[0, at].argmax(-1) == tokens[0, at + probe.query_start + 1]
+        hits += int(right.sum())
+        answers += len(right)
     model.train(was_training)
-    return torch.cat(hits).float().mean().item()
+    return hits, answers
+
+
+def edited_recall_accuracy(model, probes: list[Probe], edit: CacheEdit | None = None) -> float:
+    """edited_recall_hits as a fraction (with edit=None it equals recall_accuracy)."""
+    hits, answers = edited_recall_hits(model, probes, edit)
+    return hits / answers
 
 
 def hide_definitions_from_mla(cache: ModelCache, probe: Probe) -> None:
@@ -109,5 +154,5 @@ def reset_kda_states(layers: set[int] | None = None) -> CacheEdit:
     return edit
 
 
-__all__ = ["Probe", "make_probe", "make_probes", "probe_correct", "recall_accuracy", "edited_recall_accuracy",
-           "hide_definitions_from_mla", "reset_kda_states", "filler"]
+__all__ = ["Probe", "make_probe", "make_probes", "probe_correct", "recall_accuracy", "recall_hits", "wilson_interval",
+           "edited_recall_hits", "edited_recall_accuracy", "hide_definitions_from_mla", "reset_kda_states", "filler"]
