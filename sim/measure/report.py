@@ -39,14 +39,10 @@ def kimi_linear_tpot_speedup() -> float:
 
 
 def cost_model_speedup(tokens: int) -> float:
-    """sim.costs' decode-time model (K3 release format, 64 H200-class GPUs, batch 1): twin / K3."""
-    from tiny_k3 import K3Config
+    """sim.serving's roofline (release format, the full 64-GPU deployment, batch 1): K3's speed over its twin's."""
+    from ..serving import FULL, serve
 
-    from ..costs import decode_step_time, serving_model
-
-    k3 = K3Config.preset("k3")
-    return (decode_step_time(serving_model(k3, kv_config=k3.twin()), 1, tokens)
-            / decode_step_time(serving_model(k3), 1, tokens))
+    return serve("twin", FULL, 1, tokens).step_s / serve("K3", FULL, 1, tokens).step_s
 
 
 def layer_ceiling(m: Measurement) -> float:
@@ -186,7 +182,7 @@ def report(m: Measurement, console: Console) -> None:
     n = m.tokens[-1]
     console.print(f"reported: up to {REPORTED_SPEEDUP:g}x (Moonshot, k3_facts.md S14), which is Kimi Linear's TPOT at 1M: "
                   f"{kimi_linear_tpot_speedup():.2f}x (S16, S34) · layer-count ceiling {layer_ceiling(m):.2f}x · "
-                  f"sim.costs bandwidth model (release format, 64 GPUs, batch 1) at {n:,}: {cost_model_speedup(n):.2f}x",
+                  f"sim.serving roofline (release format, 64xH200, batch 1) at {n:,}: {cost_model_speedup(n):.2f}x",
                   highlight=False)
     console.print("GPU data: docs/accelerators.md; the GPU rows are per-layer rooflines composed as if one GPU held the "
                   "layers (the ratios do not depend on how many share the work).", highlight=False)
