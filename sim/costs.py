@@ -413,7 +413,7 @@ def corrections() -> list[dict]:
             "figures": {
                 "Kimi Linear reported speedup": t.kimi_linear.value,
                 "Kimi Linear roofline vs its all-MLA twin, B=1, 1M": t.kimi_linear_model.value,
-                "Kimi Linear KV-only limit": kimi_linear_kv_only_limit(),
+                "Kimi Linear KV-only limit": t.kimi_linear_bound.value,
                 "bound: same weights, KV only, L/L_full": t.bound.value,
                 "bound at 1M (B -> inf)": t.kv_only[MIB_CONTEXT],
                 "K3 vs twin, B=1, 1M": t.speedup("K3 vs twin", "1M", "batch 1"),

@@ -32,7 +32,8 @@ from functools import lru_cache
 from tiny_k3 import K3Config
 
 from .costs import (GPU_MEMORY, KIMI_LINEAR, KIMI_LINEAR_TPOT_MS, ServingModel, decode_step_bytes, decode_step_time,
-                    flops_per_token, k2_serving_model, kv_only_limit, serving_model)
+                    flops_per_token, k2_serving_model, kimi_linear_kv_only_limit, kv_only_limit,
+                    serving_model)
 from .measure.accelerators import ACCELERATORS, REPORTED_SPEEDUP
 from .memory import MIB_CONTEXT, cache_bytes, format_bytes, non_negative_int
 
@@ -268,6 +269,8 @@ class ServingTable:
     claim: Figure                    # "up to 6.3x" (S14)
     kimi_linear: Figure              # measured 6.24x (S16, S34)
     kimi_linear_model: Figure        # the same roofline on Kimi Linear vs its all-MLA twin, 1M, batch 1
+    kimi_linear_bound: Figure        # Kimi Linear's same-weights, KV-only bound at 1M
+    kimi_linear_ceiling: Figure      # Kimi Linear's L / L_MLA = 27 / 7
 
     def cell(self, row: str, context: int | str, column: str) -> Cell:
         context = CONTEXTS.get(context, context)
@@ -279,6 +282,20 @@ class ServingTable:
 
     def speedup(self, row: str, context: int | str, column: str) -> float | None:
         return self.cell(row, context, column).speedup
+
+    def memory_ratio(self, row: str, context: int | str) -> float:
+        """Bytes one sequence holds, the other model's over K3's (a byte count, not a speed-up): twin at 1M 3.82x."""
+        c = self.cell(row, context, COLUMNS[0].name)
+        return c.other.per_sequence / c.k3.per_sequence
+
+    def figures(self) -> set[str]:
+        """Every ratio this table gives, as printed (two decimals): what a lesson may print as a speed-up."""
+        values = [c.speedup for c in self.cells if c.speedup is not None]
+        values += [self.bound.value, *self.kv_only.values(), self.claim.value, self.kimi_linear.value,
+                   self.kimi_linear_model.value, self.kimi_linear_bound.value,
+                   self.kimi_linear_ceiling.value, *(f.value for f in self.closest.values()),
+                   *(self.memory_ratio(r, n) for r in ROWS for n in CONTEXTS)]
+        return {f"{v:.2f}" for v in values}
 
 
 def compare(row: str, context: int, column: Column) -> Cell:
@@ -329,6 +346,11 @@ def speedups() -> ServingTable:
                            "per output token", "S16, S34; docs/lineage.md"),
         kimi_linear_model=Figure("Kimi Linear vs its all-MLA twin, this roofline", kl[1].step_s / kl[0].step_s,
                                  "roofline", "1M context, batch 1, bf16 weights", "sim.serving (kimi-linear-48b preset)"),
+        kimi_linear_bound=Figure("Kimi Linear bound: same weights, KV only", kimi_linear_kv_only_limit(), "bound",
+                                 "1M context, batch -> infinity", "sim.costs.kimi_linear_kv_only_limit"),
+        kimi_linear_ceiling=Figure("Kimi Linear bound: L / L_MLA", KIMI_LINEAR.num_layers / len(KIMI_LINEAR.mla_layers),
+                                   "bound", f"{KIMI_LINEAR.num_layers} / {len(KIMI_LINEAR.mla_layers)} layers",
+                                   "kimi-linear-48b preset (S17)"),
     )
 
 
@@ -463,6 +485,20 @@ def print_table(console, table: ServingTable | None = None) -> None:
         console.print(f"{f.label}: {f.value:.2f}x ({f.kind}; {f.where}) [{f.source}]", highlight=False)
     console.print(crossover_sentence(), highlight=False)
     console.print(summary(), highlight=False)
+
+
+def grid_text(table: ServingTable | None = None) -> str:
+    """The speed-up grid as plain text (lessons print it; `print_table` prints the same cells with rich)."""
+    t = table or speedups()
+    labels = [_column_label(c) for c in COLUMNS]
+    rows = [["", *labels]]
+    for row in ROWS:
+        for name, context in CONTEXTS.items():
+            rows.append([f"{SHORT[row]} {name}", *("n/a" if c.speedup is None else f"{c.speedup:.2f}x"
+                                                   for c in (t.cell(row, context, col.name) for col in COLUMNS))])
+    rows.append(["bound: same weights, KV only", *[f"{t.bound.value:.2f}x"] * len(COLUMNS)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(r[0].ljust(widths[0]) + "".join(f"  {v:>{w}}" for v, w in zip(r[1:], widths[1:])) for r in rows)
 
 
 def crossover_sentence() -> str:

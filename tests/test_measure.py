@@ -289,6 +289,6 @@ def test_the_cli_prints_the_tables_and_ends_with_the_measured_line(tmp_path):
     saved = load_saved(path)
     assert match.groups() == (f"{saved.speedup(64):.2f}", f"{saved.bandwidth_speedup(64):.2f}")
     assert lines[-2] == f"saved to {path}"
-    for needle in ("one decode step of each layer", "per-token decode time", "roofline prediction", "H200", "B300",
+    for needle in ("one decode step of each layer", "per-token decode time", "the measured layers on a GPU roofline", "H200", "B300",
                    "6.24x", "880 idle experts", "peak resident memory"):
         assert needle in out, needle

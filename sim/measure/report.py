@@ -106,14 +106,16 @@ def reading(m: Measurement) -> list[str]:
         lines.append(f"A KDA layer holds {m.work['kda'].weights / 1e6:,.0f}M weights, an MLA layer "
                      f"{m.work['mla'].weights / 1e6:,.0f}M: at short context K3 moves more bytes per token than its twin, "
                      f"and the twin's {m.schedules['twin']['mla'] - m.schedules['k3']['mla']} extra latent caches outweigh that only from about "
-                     f"{(k3_bytes[0] - twin_bytes[0]) / grow:,.0f} cached tokens (bandwidth model, {m.dtype}).")
+                     f"{(k3_bytes[0] - twin_bytes[0]) / grow:,.0f} cached tokens (the bytes of these measured layers, every "
+                     f"weight in {m.dtype}: not the project's crossover, which `python -m sim costs` gives for the "
+                     "release format).")
     rest = [k for k in m.schedules["k3"] if not m.work[k].cache_width]
     rest_bytes = sum(m.schedules["k3"][k] * m.work[k].bytes_at(0, m.element_bytes) for k in rest)
     rest_frac = rest_bytes / sum(m.schedules["k3"][k] * m.seconds[k] for k in rest) / m.machine.bandwidth
     measured, model = m.speedup(n), m.bandwidth_speedup(n)
     if abs(measured / model - 1) > 0.05:
         slower = "MLA ran slower per byte here" if bw < rest_frac else "the other layers ran slower per byte here"
-        lines.append(f"Measured {measured:.2f}x vs bandwidth model {model:.2f}x: the MLA step at {n:,} reached {bw:.0%} of "
+        lines.append(f"Measured {measured:.2f}x vs {model:.2f}x from these layers' bytes: the MLA step at {n:,} reached {bw:.0%} of "
                      f"the copy bandwidth, K3's other layers {rest_frac:.0%} together: {slower}, and the twin has "
                      f"{m.schedules['twin']['mla']} MLA layers to K3's {m.schedules['k3']['mla']}.")
     over = max(m.fractions(k)[0] for k in m.seconds)
@@ -167,7 +169,8 @@ def report(m: Measurement, console: Console) -> None:
     console.print(f"K3 = {schedule}; twin = {' + '.join(f'{n} {k}' for k, n in m.schedules['twin'].items())}; "
                   f"K2-shaped = {' + '.join(f'{n} {k}' for k, n in m.schedules['k2'].items())}", highlight=False)
 
-    t = Table(title="roofline prediction of the same steps: each layer at max(bytes/BW, FLOPs/peak), bf16",
+    t = Table(title="the measured layers on a GPU roofline: each at max(bytes/BW, FLOPs/peak), every weight bf16, batch 1 "
+                    "(the serving table, release format and deployments: python -m sim costs)",
               title_justify="left")
     for col in ("", "bandwidth", "FLOP/s", "ridge", *(f"twin/K3 {n:,}" for n in m.tokens), f"K2/K3 {m.tokens[-1]:,}"):
         t.add_column(col, justify="left" if not col else "right")
