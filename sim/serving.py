@@ -396,6 +396,22 @@ def headline() -> dict[str, float | None]:
     }
 
 
+_warming: list = []
+
+
+def memory_panel_line_when_ready() -> str | None:
+    """`memory_panel_line()` once the table is computed, else None (and the table starts computing in a background
+    thread): counting K3, its twin and K2 on the meta device takes seconds, which a TUI must not wait for."""
+    if speedups.cache_info().currsize:
+        return memory_panel_line()
+    if not _warming:
+        import threading
+
+        _warming.append(threading.Thread(target=speedups, name="sim.serving warm-up", daemon=True))
+        _warming[0].start()
+    return None
+
+
 def memory_panel_line() -> str:
     """The speed-up line of the TUI's memory panel (its figures come from `speedups()`)."""
     h = headline()

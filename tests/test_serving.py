@@ -189,3 +189,33 @@ def test_python_m_sim_costs_prints_only_the_tables_speed_ups(table):
         if c.speedup is not None:
             assert f"{c.speedup:.2f}x" in grid
     assert " ".join(serving.summary().split()) in " ".join(text.split())
+
+
+def test_the_tui_memory_panel_prints_the_tables_speed_ups(table):
+    """The memory panel's speed-up figures are sim.serving's (its byte ratio, twin ÷ hybrid, is the table's too)."""
+    pytest.importorskip("textual")
+    from rich.console import Console as RichConsole
+
+    from sim import Simulation
+    from tui_app.panels import MemoryPanel, View
+
+    s = Simulation("tiny", "ab", weights="random")
+    v = View(s, 1, 2, s.config.moe_layers[0], 0, None, False, -1)
+    assert serving.memory_panel_line_when_ready() == serving.memory_panel_line()     # the table is computed
+    _, body = MemoryPanel().draw(v)
+    out = io.StringIO()
+    RichConsole(file=out, width=400, color_system=None).print(body)
+    text = out.getvalue()
+    assert serving.memory_panel_line() in text
+    speed_line = next(line for line in text.splitlines() if "tokens/s per GPU" in line)
+    assert set(_figures(speed_line)) <= table.figures()
+    one_m = next(line for line in text.splitlines() if "K3 at 1M" in line)
+    assert f"{table.memory_ratio('K3 vs twin', '1M'):.2f}x" in one_m
+
+
+def test_the_panel_line_waits_for_the_table_in_a_background_thread():
+    serving.speedups.cache_clear()
+    serving._warming.clear()
+    assert serving.memory_panel_line_when_ready() is None          # the first draw does not wait
+    serving._warming[0].join(timeout=600)
+    assert serving.memory_panel_line_when_ready() == serving.memory_panel_line()

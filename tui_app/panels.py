@@ -25,6 +25,7 @@ from sim import Simulation, render
 from sim.frame import Frame, SublayerView
 from sim.measure import saved_line
 from sim.memory import MIB_CONTEXT, cache_bytes, format_bytes, project_to_k3, state_bytes_fixed
+from sim.serving import memory_panel_line_when_ready
 from tiny_k3.attnres import DepthStream
 from tiny_k3.config import K3Config
 
@@ -417,6 +418,9 @@ class MemoryPanel(Panel):
         # the bars column only when it fits beside the label and three numbers (about 44 cells)
         bar_width = min(20, self.inner_width - 46) if self.inner_width >= 46 + 8 else 0
         parts.append(memory_table(frame, cfg, bar_width))
+        speed = memory_panel_line_when_ready()   # K3's speed-ups, sim.serving's table (None while it is computed)
+        if speed:
+            parts.append(Text(speed, style="cyan"))
         hist = v.sim.memory_history(upto=v.step)
         hybrid = (hist["kv_bytes"] + hist["state_bytes"])[-SPARK_WIDTH:]
         twin = hist["twin_kv_bytes"][-SPARK_WIDTH:]
