@@ -248,9 +248,9 @@ cols = ("batch 1", "batch 64", f"largest fit, {FULL}")
 print(f"K3's speed over its all-MLA twin on {FULL} (tokens/s per GPU, K3 ÷ twin; n/a: the twin cannot hold it)")
 print(f"{'context':>8s}" + "".join(f"{c:>24s}" for c in cols))
 for name in ("4K", "128K", "1M"):
-    cells = [table.cell("K3 vs twin", name, c) for c in cols]
+    cells = [table.cell("K3 against twin", name, c) for c in cols]
     print(f"{name:>8s}" + "".join(f"{'n/a' if c.speedup is None else f'{c.speedup:.2f}x':>24s}" for c in cells))
-fit = table.cell("K3 vs twin", "1M", cols[2])
+fit = table.cell("K3 against twin", "1M", cols[2])
 print(f"at 1M, {FULL} holds {fit.k3.batch} of K3's sequences and {fit.other.batch} of the twin's: throughput is "
       "what the smaller cache buys")
 print(crossover_sentence())
@@ -277,13 +277,13 @@ plt.tight_layout(); plt.show()
 # %%
 far = project_to_k3(MIB_CONTEXT)
 kl_ceiling = table.kimi_linear_ceiling.value            # L / L_MLA of Kimi Linear
-best = table.closest["K3 vs twin"]
+best = table.closest["K3 against twin"]
 speedups_shown = [
     ("nearest to 6.3x", best.value, "serving table", f"K3 ÷ twin, tokens/s per GPU: {best.where}"),
     ("bound at 1M", table.kv_only[MIB_CONTEXT], "bound",
      "same weights, KV only, batch → ∞: cache bytes only, KDA state read + written"),
     ("bound L / L_MLA", table.bound.value, "bound", "93 / 24: the KV ratio with no state and no weights"),
-    ("bytes held at 1M", table.memory_ratio("K3 vs twin", "1M"), "byte count",
+    ("bytes held at 1M", table.memory_ratio("K3 against twin", "1M"), "byte count",
      "bytes one sequence holds, twin ÷ hybrid: memory, not speed (the TUI's memory panel)"),
     ("Kimi Linear TPOT", table.kimi_linear.value, "measurement", f"{table.kimi_linear.where} ({table.kimi_linear.source})"),
     ("up to 6.3x", table.claim.value, "claim", f"{table.claim.where} ({table.claim.source})"),
@@ -314,10 +314,10 @@ print(f"\nKimi Linear's own ceiling: L / L_MLA = {KIMI_LINEAR.num_layers} / {len
 #   only when cache traffic dominates — long contexts, full batches:
 
 # %%
-one = table.cell("K3 vs K2", "4K", "batch 1")
+one = table.cell("K3 against K2", "4K", "batch 1")
 print(f"weights read per step at batch 1: K3 {format_bytes(one.k3.weights_read)}, K2 {format_bytes(one.other.weights_read)}")
-print(f"K3 ÷ K2 at batch 1, 1M: {table.speedup('K3 vs K2', '1M', 'batch 1'):.2f}x (K3 slower); at the largest batch "
-      f"{FULL} holds, 1M: {table.speedup('K3 vs K2', '1M', f'largest fit, {FULL}'):.2f}x (K3 faster)")
+print(f"K3 ÷ K2 at batch 1, 1M: {table.speedup('K3 against K2', '1M', 'batch 1'):.2f}x (K3 slower); at the largest batch "
+      f"{FULL} holds, 1M: {table.speedup('K3 against K2', '1M', f'largest fit, {FULL}'):.2f}x (K3 faster)")
 
 # %% [markdown]
 # ## 6. What the fixed state costs: recall against cache bytes

@@ -459,8 +459,8 @@ print(f"With the release format "
       f"(MXFP4 experts) on {FULL}, sim.serving puts K3 level with its twin at batch 1 from {crossover(1):,} cached "
       f"tokens, at batch 64 from {crossover(64):,}: the project's one crossover (the measured layers' own bytes "
       f"above give another, for one dtype on this machine). The speed-up at 1M, batch 1: "
-      f"{table.speedup('K3 vs twin', '1M', 'batch 1'):.2f}x; the most any cell reaches: "
-      f"{table.closest['K3 vs twin'].value:.2f}x ({table.closest['K3 vs twin'].where}); far from {REPORTED_SPEEDUP:g}x, "
+      f"{table.speedup('K3 against twin', '1M', 'batch 1'):.2f}x; the most any cell reaches: "
+      f"{table.closest['K3 against twin'].value:.2f}x ({table.closest['K3 against twin'].where}); far from {REPORTED_SPEEDUP:g}x, "
       "which compares Kimi Linear with a full-MLA model (k3_facts.md §0).")
 n = m.tokens[-1]
 facts.update(measure_schedule_k3=check.schedules["k3"], measure_schedule_twin=check.schedules["twin"],

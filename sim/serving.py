@@ -13,7 +13,7 @@ cached tokens each reads
     flops = B * flops_per_token(config, T)                                                     (sim.costs.flops_per_token)
 
 and takes max(bytes / (G BW eta), flops / (G F eta)) on G GPUs of bandwidth BW and dense BF16 FLOP/s F
-(docs/accelerators.md), eta = 0.7 for both, no communication (optimistic, §5b). The weights read grow with the
+(docs/accelerators.md), eta = 0.7 for both, no communication (optimistic, k3_facts.md §5b). The weights read grow with the
 experts the batch touches: 16 of 896 per layer at batch 1, about 613 at batch 64. Tokens/s per GPU = B / t / G.
 A speed-up is K3's tokens/s per GPU over the other model's on the same deployment; at equal batch that is the
 ratio of step times (the latency ratio), at "the largest batch that fits" each model runs its own largest batch.
@@ -229,7 +229,7 @@ class Column:
 
 COLUMNS = (Column("batch 1", FULL, 1), Column("batch 64", FULL, 64),
            *(Column(f"largest fit, {d}", d, None) for d in DEPLOYMENTS))
-ROWS = {"K3 vs twin": "twin", "K3 vs K2": "K2"}
+ROWS = {"K3 against twin": "twin", "K3 against K2": "K2"}
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,7 @@ def kv_only_bound(context: int) -> float:
 
 @lru_cache(maxsize=1)
 def speedups() -> ServingTable:
-    """The table every serving figure reads: rows K3 vs its all-MLA twin and K3 vs K2, columns contexts x batch
+    """The table every serving figure reads: rows K3 vs its all-MLA twin and K3 against K2, columns contexts x batch
     1, batch 64 (on the full deployment) and each deployment's largest fitting batch; see the module docstring."""
     cells = []
     for row in ROWS:
@@ -328,7 +328,7 @@ def speedups() -> ServingTable:
         best = max((c for c in cells if c.row == row and c.speedup is not None), key=lambda c: c.speedup)
         closest[row] = Figure(f"{row}: nearest to 'up to 6.3x'", best.speedup, "roofline (this table)",
                               f"{_context_name(best.context)}, {best.column.name} (K3 batch {best.k3.batch}, "
-                              f"{'twin' if row == 'K3 vs twin' else 'K2'} batch {best.other.batch})",
+                              f"{'twin' if row == 'K3 against twin' else 'K2'} batch {best.other.batch})",
                               "sim.serving.speedups; the claim: S14")
     kl_measured = KIMI_LINEAR_TPOT_MS["full-MLA"] / KIMI_LINEAR_TPOT_MS["Kimi Linear"]
     kl = [serve(n, "64xH200", 1, MIB_CONTEXT) for n in ("Kimi Linear", "Kimi Linear twin")]
@@ -386,12 +386,12 @@ def headline() -> dict[str, float | None]:
     t = speedups()
     big = f"largest fit, {FULL}"
     return {
-        "twin_b1_1M": t.speedup("K3 vs twin", "1M", "batch 1"),
-        "twin_fit_1M": t.speedup("K3 vs twin", "1M", big),
-        "k2_b1_1M": t.speedup("K3 vs K2", "1M", "batch 1"),
-        "k2_fit_1M": t.speedup("K3 vs K2", "1M", big),
-        "twin_b1_4K": t.speedup("K3 vs twin", "4K", "batch 1"),
-        "k2_b1_4K": t.speedup("K3 vs K2", "4K", "batch 1"),
+        "twin_b1_1M": t.speedup("K3 against twin", "1M", "batch 1"),
+        "twin_fit_1M": t.speedup("K3 against twin", "1M", big),
+        "k2_b1_1M": t.speedup("K3 against K2", "1M", "batch 1"),
+        "k2_fit_1M": t.speedup("K3 against K2", "1M", big),
+        "twin_b1_4K": t.speedup("K3 against twin", "4K", "batch 1"),
+        "k2_b1_4K": t.speedup("K3 against K2", "4K", "batch 1"),
         "bound": t.bound.value,
     }
 
@@ -415,9 +415,9 @@ def memory_panel_line_when_ready() -> str | None:
 def memory_panel_line() -> str:
     """The speed-up line of the TUI's memory panel (its figures come from `speedups()`)."""
     h = headline()
-    c = speedups().cell("K3 vs twin", "1M", f"largest fit, {FULL}")
+    c = speedups().cell("K3 against twin", "1M", f"largest fit, {FULL}")
     return (f"K3 at 1M on {FULL}: {h['twin_fit_1M']:.2f}x its twin's tokens/s per GPU at the largest batch "
-            f"(K3 {c.k3.batch}, twin {c.other.batch}); batch 1: {h['twin_b1_1M']:.2f}x; vs K2: {h['k2_fit_1M']:.2f}x "
+            f"(K3 {c.k3.batch}, twin {c.other.batch}); batch 1: {h['twin_b1_1M']:.2f}x; against K2: {h['k2_fit_1M']:.2f}x "
             f"and {h['k2_b1_1M']:.2f}x (python -m sim costs)")
 
 
@@ -428,7 +428,7 @@ def _ms(s: float) -> str:
     return f"{1e3 * s:.2f}"
 
 
-SHORT = {"K3 vs twin": "vs twin", "K3 vs K2": "vs K2"}
+SHORT = {"K3 against twin": "against twin", "K3 against K2": "against K2"}
 
 
 def _column_label(col: Column) -> str:
@@ -475,8 +475,8 @@ def print_table(console, table: ServingTable | None = None) -> None:
         detail.add_column(name)
     for name, context in CONTEXTS.items():
         for col in COLUMNS:
-            sides = [t.cell("K3 vs twin", context, col.name).k3, t.cell("K3 vs twin", context, col.name).other,
-                     t.cell("K3 vs K2", context, col.name).other]
+            sides = [t.cell("K3 against twin", context, col.name).k3, t.cell("K3 against twin", context, col.name).other,
+                     t.cell("K3 against K2", context, col.name).other]
             detail.add_row(f"{name}\n{_column_label(col)}", *(_side(s) for s in sides))
     console.print(detail)
 
@@ -528,16 +528,48 @@ def summary() -> str:
     t = speedups()
     big, small = f"largest fit, {FULL}", "largest fit, 16xH200"
     c = {(r, n, col): t.cell(r, n, col) for r in ROWS for n in CONTEXTS for col in (big, small, "batch 1")}
-    one = c[("K3 vs K2", "4K", "batch 1")]
+    one = c[("K3 against K2", "4K", "batch 1")]
     return (f"K3 is cheaper to serve than its all-MLA twin when many long sequences share the GPUs: its 24 latent "
-            f"caches instead of 93 let {FULL} hold {c[('K3 vs twin', '1M', big)].k3.batch} sequences of 1M tokens "
-            f"against the twin's {c[('K3 vs twin', '1M', big)].other.batch}, for {c[('K3 vs twin', '1M', big)].speedup:.2f}x "
-            f"the twin's tokens/s per GPU ({c[('K3 vs twin', '128K', big)].speedup:.2f}x at 128K). Against K2 it wins only "
-            f"at long context: {c[('K3 vs K2', '1M', big)].speedup:.2f}x at 1M on {FULL} "
-            f"({c[('K3 vs K2', '1M', small)].speedup:.2f}x on 16xH200), {c[('K3 vs K2', '128K', big)].speedup:.2f}x at "
-            f"128K on {FULL} but {c[('K3 vs K2', '128K', small)].speedup:.2f}x on 16xH200, where its larger weights leave "
+            f"caches instead of 93 let {FULL} hold {c[('K3 against twin', '1M', big)].k3.batch} sequences of 1M tokens "
+            f"against the twin's {c[('K3 against twin', '1M', big)].other.batch}, for {c[('K3 against twin', '1M', big)].speedup:.2f}x "
+            f"the twin's tokens/s per GPU ({c[('K3 against twin', '128K', big)].speedup:.2f}x at 128K). Against K2 it wins only "
+            f"at long context: {c[('K3 against K2', '1M', big)].speedup:.2f}x at 1M on {FULL} "
+            f"({c[('K3 against K2', '1M', small)].speedup:.2f}x on 16xH200), {c[('K3 against K2', '128K', big)].speedup:.2f}x at "
+            f"128K on {FULL} but {c[('K3 against K2', '128K', small)].speedup:.2f}x on 16xH200, where its larger weights leave "
             f"less room for caches. At batch 1 it is slower than K2 at every context "
-            f"({c[('K3 vs K2', '4K', 'batch 1')].speedup:.2f}x at 4K, {c[('K3 vs K2', '1M', 'batch 1')].speedup:.2f}x at "
+            f"({c[('K3 against K2', '4K', 'batch 1')].speedup:.2f}x at 4K, {c[('K3 against K2', '1M', 'batch 1')].speedup:.2f}x at "
             f"1M: it reads {format_bytes(one.k3.weights_read)} of weights a step against K2's "
             f"{format_bytes(one.other.weights_read)}) and slower than its twin below {crossover(1):,} tokens "
-            f"({c[('K3 vs twin', '4K', 'batch 1')].speedup:.2f}x at 4K: a KDA layer holds more weights than an MLA layer).")
+            f"({c[('K3 against twin', '4K', 'batch 1')].speedup:.2f}x at 4K: a KDA layer holds more weights than an MLA layer).")
+
+
+def markdown_table(table: ServingTable | None = None) -> str:
+    """docs/k3_facts.md §5c's table, as that file prints it (tests/test_serving.py checks the file against this)."""
+    t = table or speedups()
+    head = "| row | context | " + " | ".join(_column_label(c) for c in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (2 + len(COLUMNS))]
+    for row in ROWS:
+        for name, context in CONTEXTS.items():
+            cells = [t.cell(row, context, c.name) for c in COLUMNS]
+            lines.append(f"| {row} | {name} | " + " | ".join(
+                "n/a" if c.speedup is None else f"{c.speedup:.2f}x" for c in cells) + " |")
+    lines.append(f"| {t.bound.label} | any | " + " | ".join([f"{t.bound.value:.2f}x"] * len(COLUMNS)) + " |")
+    batches = ["", "| largest batch (K3 / twin / K2) | context | " + " | ".join(d for d in DEPLOYMENTS) + " |",
+               "|" + "---|" * (2 + len(DEPLOYMENTS))]
+    for name, context in CONTEXTS.items():
+        batches.append(f"| | {name} | " + " | ".join(
+            " / ".join(f"{serve(n, d, None, context).fitting_batch:,}" for n in models()) for d in DEPLOYMENTS) + " |")
+    batches.append("| memory left after weights and activations | | " + " | ".join(
+        " / ".join(format_bytes(serve(n, d, None, 4096).memory_left) for n in models()) for d in DEPLOYMENTS) + " |")
+    return "\n".join(lines + batches)
+
+
+def readme_line() -> str:
+    """README's one line of serving figures (tests/test_serving.py checks the README against this)."""
+    h, t = headline(), speedups()
+    one = t.cell("K3 against K2", "4K", "batch 1")
+    return (f"At 1M tokens with the batch full on {FULL}, K3 serves {h['twin_fit_1M']:.2f}x the tokens/s per GPU of its "
+            f"all-MLA twin and {h['k2_fit_1M']:.2f}x K2's; at batch 1 it is {h['twin_b1_1M']:.2f}x its twin and "
+            f"{h['k2_b1_1M']:.2f}x K2 (slower: it reads {format_bytes(one.k3.weights_read, 0)} of weights a step "
+            f"against K2's {format_bytes(one.other.weights_read, 0)}).")
+

@@ -267,8 +267,8 @@ def test_lesson3_facts(executed):
     from sim.serving import crossover, speedups
 
     t = speedups()                                    # the one serving table
-    assert s == {"nearest to 6.3x": round(t.closest["K3 vs twin"].value, 2), "bound at 1M": round(t.kv_only[1 << 20], 2),
-                 "bound L / L_MLA": round(93 / 24, 2), "bytes held at 1M": round(t.memory_ratio("K3 vs twin", "1M"), 2),
+    assert s == {"nearest to 6.3x": round(t.closest["K3 against twin"].value, 2), "bound at 1M": round(t.kv_only[1 << 20], 2),
+                 "bound L / L_MLA": round(93 / 24, 2), "bytes held at 1M": round(t.memory_ratio("K3 against twin", "1M"), 2),
                  "Kimi Linear TPOT": 6.24, "up to 6.3x": 6.3}, s
     # "why no bytes model reaches 6.24x": every model number and Kimi Linear's own ceiling below it
     assert f["kimi_linear_ceiling"] < s["Kimi Linear TPOT"]
@@ -345,7 +345,7 @@ MEASURED_CELL = "# measured on this machine: not sim.serving's figures"
 
 @pytest.mark.parametrize("name", ["03_memory_that_does_not_grow.py", "05_serving_economics.py"])
 def test_every_speed_up_figure_a_lesson_prints_is_the_serving_tables(executed, name):
-    """Lessons 3 and 5 print speed-ups ("1.32x", and the corrections' "K3 vs twin, B=1, 1M: 1.32") only from
+    """Lessons 3 and 5 print speed-ups ("1.32x", and the corrections' "K3 against twin, B=1, 1M: 1.32") only from
     sim.serving.speedups(); the one cell that prints this machine's measurement is marked and exempt."""
     from sim.serving import speedups
 
@@ -356,7 +356,7 @@ def test_every_speed_up_figure_a_lesson_prints_is_the_serving_tables(executed, n
     texts = [_outputs_text(c) for c in nb.cells[:n_learner] if c.cell_type == "code" and MEASURED_CELL not in c.source]
     texts += [o.get("text", "") for outs in _slider_outputs(nb) for o in outs]
     printed = [v for text in texts for v in re.findall(r"(\d+\.\d\d)x", text)]
-    printed += [v for text in texts for v in re.findall(r"^ +[^:\n]*(?:vs|bound|speedup|limit)[^:\n]*: (\d+\.\d\d)$",
+    printed += [v for text in texts for v in re.findall(r"^ +[^:\n]*(?:against|bound|speedup|limit)[^:\n]*: (\d+\.\d\d)$",
                                                          text, re.M)]
     assert printed, f"{name} printed no speed-up figure"
     assert set(printed) <= allowed, f"{name} printed figures that sim.serving does not give: {set(printed) - allowed}"

@@ -231,9 +231,9 @@ def test_corrections():
     # 1M, bf16: below its layer-count ceiling 27 / 7 and far below the measured 6.24x
     assert 2 < speed["Kimi Linear roofline vs its all-MLA twin, B=1, 1M"] < 27 / 7
     assert speed["Kimi Linear KV-only limit"] == pytest.approx(3.8, abs=0.05)
-    assert speed["K3 vs K2, B=1, 1M (K3 slower)"] < 1 < speed["K3 vs K2, largest fit, 64xH200, 1M"]
+    assert speed["K3 against K2, B=1, 1M (K3 slower)"] < 1 < speed["K3 against K2, largest fit, 64xH200, 1M"]
     table = serving.speedups()                       # the corrections quote the one table
-    assert speed["K3 vs twin, B=1, 1M"] == table.speedup("K3 vs twin", "1M", "batch 1")
+    assert speed["K3 against twin, B=1, 1M"] == table.speedup("K3 against twin", "1M", "batch 1")
     assert size["naive 2.8e12 x 4 bit (B)"] == 1.4e12
     assert size["K3 release: MXFP4 experts + BF16 rest (B)"] == pytest.approx(1.560e12, rel=0.01)
     assert size["K2-Thinking INT4 experts + BF16 rest (B)"] == pytest.approx(594.2e9, rel=0.002)

@@ -49,8 +49,8 @@ def mxfp4(n: int) -> float:
     return n // 32 * 17
 
 
-@pytest.mark.parametrize("row, model, batch, context", [("K3 vs twin", "K3", 64, M), ("K3 vs twin", "twin", 1, 4096),
-                                                       ("K3 vs K2", "K2", 64, 131072)])
+@pytest.mark.parametrize("row, model, batch, context", [("K3 against twin", "K3", 64, M), ("K3 against twin", "twin", 1, 4096),
+                                                       ("K3 against K2", "K2", 64, 131072)])
 def test_a_cell_equals_the_roofline_written_out_by_hand(table, row, model, batch, context):
     cell = table.cell(row, context, f"batch {batch}")
     served = cell.k3 if model == "K3" else cell.other
@@ -89,7 +89,7 @@ def test_the_speed_up_is_the_throughput_ratio_and_at_equal_batch_the_latency_rat
         if cell.column.batch is not None:
             assert cell.speedup == pytest.approx(cell.other.step_s / cell.k3.step_s)
     # the twin cannot hold 64 sequences of 1M on 64 H200s: no figure is printed for it
-    c = table.cell("K3 vs twin", "1M", "batch 64")
+    c = table.cell("K3 against twin", "1M", "batch 64")
     assert c.other.fitting_batch < 64 and c.speedup is None
 
 
@@ -107,7 +107,7 @@ def test_the_twin_is_k3_with_every_attention_layer_k3s_own_mla():
 
 def test_weights_read_grow_with_the_experts_the_batch_touches(table):
     k3m = serving.models()["K3"][1]
-    reads = {b: table.cell("K3 vs twin", "4K", f"batch {b}").k3.weights_read for b in (1, 64)}
+    reads = {b: table.cell("K3 against twin", "4K", f"batch {b}").k3.weights_read for b in (1, 64)}
     for b, read in reads.items():
         touched = 896 * (1 - (1 - 16 / 896) ** b)
         assert read == pytest.approx(k3m.dense_bytes + 92 * touched * k3m.expert_bytes)
@@ -119,7 +119,7 @@ def test_the_bound_is_labelled_and_no_serving_figure_of_the_twin_row_reaches_it(
     assert table.kv_only[M] == pytest.approx(costs.kv_only_limit(
         costs.serving_model(K3), costs.serving_model(K3, kv_config=K3.twin()), M))
     assert table.kv_only[M] == pytest.approx(3.76, abs=0.01)
-    twin_row = [c.speedup for c in table.cells if c.row == "K3 vs twin" and c.speedup is not None]
+    twin_row = [c.speedup for c in table.cells if c.row == "K3 against twin" and c.speedup is not None]
     assert max(twin_row) < table.kv_only[M] < table.bound.value
 
 
@@ -152,7 +152,7 @@ def test_bad_input_is_one_clear_sentence(table):
                           (lambda: serving.serve("K3", serving.FULL, 0, 4096), r"batch must be a whole number"),
                           (lambda: serving.serve("K3", serving.FULL, 1, 0), r"context must be at least 1"),
                           (lambda: serving.deployment("TPU", 8), r"unknown GPU 'TPU'"),
-                          (lambda: table.cell("K3 vs K1", "1M", "batch 1"), r"no cell .* rows: K3 vs twin, K3 vs K2")]:
+                          (lambda: table.cell("K3 vs K1", "1M", "batch 1"), r"no cell .* rows: K3 against twin, K3 against K2")]:
         with pytest.raises(ValueError, match=message):
             call()
 
@@ -172,8 +172,8 @@ def _figures(text: str) -> list[str]:
 def test_the_memory_panel_line_prints_the_tables_figures(table):
     line = serving.memory_panel_line()
     big = f"largest fit, {serving.FULL}"
-    want = [table.speedup("K3 vs twin", "1M", big), table.speedup("K3 vs twin", "1M", "batch 1"),
-            table.speedup("K3 vs K2", "1M", big), table.speedup("K3 vs K2", "1M", "batch 1")]
+    want = [table.speedup("K3 against twin", "1M", big), table.speedup("K3 against twin", "1M", "batch 1"),
+            table.speedup("K3 against K2", "1M", big), table.speedup("K3 against K2", "1M", "batch 1")]
     assert _figures(line) == [f"{v:.2f}" for v in want]
 
 
@@ -210,7 +210,7 @@ def test_the_tui_memory_panel_prints_the_tables_speed_ups(table):
     speed_line = next(line for line in text.splitlines() if "tokens/s per GPU" in line)
     assert set(_figures(speed_line)) <= table.figures()
     one_m = next(line for line in text.splitlines() if "K3 at 1M" in line)
-    assert f"{table.memory_ratio('K3 vs twin', '1M'):.2f}x" in one_m
+    assert f"{table.memory_ratio('K3 against twin', '1M'):.2f}x" in one_m
 
 
 def test_the_panel_line_waits_for_the_table_in_a_background_thread():
@@ -219,3 +219,34 @@ def test_the_panel_line_waits_for_the_table_in_a_background_thread():
     assert serving.memory_panel_line_when_ready() is None          # the first draw does not wait
     serving._warming[0].join(timeout=600)
     assert serving.memory_panel_line_when_ready() == serving.memory_panel_line()
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_readme_and_k3_facts_quote_the_table():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = _flat((root / "README.md").read_text(encoding="utf-8"))
+    assert _flat(serving.readme_line()) in readme
+    facts = (root / "docs" / "k3_facts.md").read_text(encoding="utf-8")
+    section = facts[facts.index("### 5c."):facts.index("## 6. Expert parallelism")]
+    assert serving.markdown_table() in section                       # the table and the fitting batches, as computed
+    for sentence in (serving.crossover_sentence(), serving.summary()):
+        assert _flat(sentence) in _flat(section)
+    t = serving.speedups()
+    rows = dict(re.findall(r"^\| ([^|]+) \| (\d+\.\d\d)x \|", section, re.M))
+    assert rows["bound: same weights, KV only"] == f"{t.bound.value:.2f}"
+    assert rows["the bound at 1M, B → ∞"] == f"{t.kv_only[M]:.2f}"
+    assert rows["bytes held at 1M"] == f"{t.memory_ratio('K3 against twin', '1M'):.2f}"
+    assert rows["Kimi Linear TPOT"] == f"{t.kimi_linear.value:.2f}"
+    assert rows["Kimi Linear vs its twin, this roofline"] == f"{t.kimi_linear_model.value:.2f}"
+    assert rows['K3 against twin, nearest to "up to 6.3x"'] == f"{t.closest['K3 against twin'].value:.2f}"
+    assert rows['K3 against K2, nearest to "up to 6.3x"'] == f"{t.closest['K3 against K2'].value:.2f}"
+    # the memory crossover the section quotes (bytes held, not speed)
+    k3m = serving.models()["K3"][1]
+    held = -(-k3m.state_bytes // (93 * 576 * 2 - k3m.kv_bytes_per_token))
+    assert f"smaller than the twin's from\n{held:,} tokens" in section or f"from {held:,} tokens" in _flat(section)
+    assert set(re.findall(r"(\d+\.\d\d)x", section)) <= t.figures()
