@@ -422,7 +422,7 @@ for model, label in [("k3", "K3 (hybrid)"), ("twin", "all-MLA twin"), ("k2", "K2
 a1.set_xscale("log"), a1.set_yscale("log"), a1.set_xlabel("cached tokens T"), a1.set_ylabel("s per token, measured")
 a1.set_title(f"decode on {m.device} ({m.dtype})"), a1.legend(fontsize=9)
 
-keys = [k for k in m.seconds if "@" not in k] + [f"mla@{T[-1]}", f"k2-mla@{T[-1]}"]
+keys = [k for k in m.seconds if "@" not in k and "#" not in k] + [f"mla@{T[-1]}", f"k2-mla@{T[-1]}"]   # batch 1
 frac = np.array([m.fractions(k) for k in keys])
 x = np.arange(len(keys))
 a2.bar(x - 0.2, frac[:, 0], 0.4, label="of copy bandwidth"), a2.bar(x + 0.2, frac[:, 1], 0.4, label="of GEMM FLOP/s")

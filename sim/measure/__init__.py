@@ -10,11 +10,11 @@ report.py       the printed tables, the roofline, the reading, the CLI and its l
 
 from .accelerators import ACCELERATORS, REPORTED_SPEEDUP, Accelerator
 from .layers import TouchedMoE, Widths, absorbed_mla_step, k2_config, latent_cache, widths
-from .measurement import (SHIPPED, LayerWork, Machine, Measurement, check_memory, estimate_peak_bytes, load_saved,
+from .measurement import (SHIPPED, LayerWork, Machine, Measurement, check_memory, estimate_peak_bytes, load_saved, parse_batches,
                           measure, parse_tokens, save, saved_paths, schedules)
-from .report import last_line, main_measure, reading, report, saved_line
+from .report import batch_line, last_line, main_measure, reading, report, saved_line
 
-__all__ = ["measure", "Measurement", "LayerWork", "Machine", "load_saved", "save", "saved_paths", "SHIPPED", "main_measure", "last_line", "saved_line",
+__all__ = ["measure", "Measurement", "LayerWork", "Machine", "load_saved", "save", "saved_paths", "SHIPPED", "main_measure", "last_line", "batch_line", "saved_line",
            "reading", "report", "absorbed_mla_step", "latent_cache", "TouchedMoE", "Widths", "widths", "k2_config",
-           "schedules", "check_memory", "estimate_peak_bytes", "parse_tokens", "ACCELERATORS", "Accelerator",
+           "schedules", "check_memory", "estimate_peak_bytes", "parse_tokens", "parse_batches", "ACCELERATORS", "Accelerator",
            "REPORTED_SPEEDUP"]
