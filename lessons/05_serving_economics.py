@@ -34,7 +34,8 @@ from checks import check_ep_bytes, check_mxfp4_bytes, check_release_bytes, hint 
 from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
 from sim.costs import (GPU_MEMORY, K3_PRICES, SCHEMES, api_price, corrections, expected_destinations, ep_traffic,
                        ep_traffic_for, flops_per_token, k2_parameters, serving_model, packed_bytes, weight_bytes)
-from sim.serving import DEPLOYMENTS, FULL, crossover, crossover_sentence, grid_text, serve, speedups, summary
+from sim.serving import (DEPLOYMENTS, FULL, crossover, crossover_sentence, grid_text, latency_and_throughput, serve,
+                         speedups, summary)
 from sim.memory import cache_bytes, format_bytes
 from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
@@ -297,6 +298,7 @@ for name in ("64xH200", "16xH200"):
               f"left after weights {format_bytes(k3_s.memory_left)} / {format_bytes(twin_s.memory_left)} / "
               f"{format_bytes(k2_s.memory_left)}; K3 {k3_s.tokens_per_s_per_gpu:,.0f} tok/s per GPU ({k3_s.bound}-bound)")
 print()
+print(latency_and_throughput("1M"))       # the two stories side by side: latency at batch 1, throughput when full
 print(crossover_sentence())
 print(summary())
 facts.update(serving_crossover_b1=crossover(1), serving_crossover_b64=crossover(64),

@@ -465,6 +465,8 @@ def print_table(console, table: ServingTable | None = None) -> None:
             grid.add_row(f"{SHORT[row]} {name}", *("n/a" if c.speedup is None else f"{c.speedup:.2f}x" for c in cells))
     grid.add_row("bound: same weights, KV only", *[f"{t.bound.value:.2f}x"] * len(COLUMNS), style="dim")
     console.print(grid)
+    for name in ("128K", "1M"):
+        console.print(latency_and_throughput(name), highlight=False)
     console.print(f"The bound ({t.bound.where}) is no serving figure; its value as the batch grows: "
                   + ", ".join(f"{_context_name(n)} {v:.2f}x" for n, v in t.kv_only.items()) + ".", highlight=False)
 
@@ -515,6 +517,17 @@ def grid_text(table: ServingTable | None = None) -> str:
     rows.append(["bound: same weights, KV only", *[f"{t.bound.value:.2f}x"] * len(COLUMNS)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(r[0].ljust(widths[0]) + "".join(f"  {v:>{w}}" for v, w in zip(r[1:], widths[1:])) for r in rows)
+
+
+def latency_and_throughput(context: str = "1M", dep: str = FULL) -> str:
+    """Batch-1 latency beside throughput at the largest batch, for the three models: the two stories side by side."""
+    t = speedups()
+    one, fit = t.cell("K3 against twin", context, "batch 1"), t.cell("K3 against twin", context, f"largest fit, {dep}")
+    k2one, k2fit = t.cell("K3 against K2", context, "batch 1").other, t.cell("K3 against K2", context, f"largest fit, {dep}").other
+    lat = ", ".join(f"{s.name} {_ms(s.step_s)} ms" for s in (one.k3, one.other, k2one))
+    thr = ", ".join(f"{s.name} {s.tokens_per_s_per_gpu:,.0f} ({s.batch:,} sequences)" for s in (fit.k3, fit.other, k2fit))
+    return (f"at {context} on {dep}: batch-1 latency per token {lat}; tokens/s per GPU at the largest batch that fits "
+            f"{thr}.")
 
 
 def crossover_sentence() -> str:

@@ -250,3 +250,16 @@ def test_the_readme_and_k3_facts_quote_the_table():
     held = -(-k3m.state_bytes // (93 * 576 * 2 - k3m.kv_bytes_per_token))
     assert f"smaller than the twin's from\n{held:,} tokens" in section or f"from {held:,} tokens" in _flat(section)
     assert set(re.findall(r"(\d+\.\d\d)x", section)) <= t.figures()
+
+
+def test_batch_one_latency_is_shown_beside_throughput_at_the_largest_batch(table):
+    line = serving.latency_and_throughput("1M")
+    one = [table.cell("K3 against twin", "1M", "batch 1").k3, table.cell("K3 against twin", "1M", "batch 1").other,
+           table.cell("K3 against K2", "1M", "batch 1").other]
+    fit = [table.cell(r, "1M", f"largest fit, {serving.FULL}") for r in serving.ROWS]
+    full = [fit[0].k3, fit[0].other, fit[1].other]
+    assert re.findall(r"(\d+\.\d\d) ms", line) == [f"{1e3 * s.step_s:.2f}" for s in one]
+    assert re.findall(r"(\d[\d,]*) \((\d[\d,]*) sequences\)", line) == [
+        (f"{s.tokens_per_s_per_gpu:,.0f}", f"{s.batch:,}") for s in full]
+    # the two stories: K3 is slower than K2 per token at batch 1 and serves more tokens per GPU when full
+    assert one[0].step_s > one[2].step_s and full[0].tokens_per_s_per_gpu > full[2].tokens_per_s_per_gpu
