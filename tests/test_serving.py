@@ -169,14 +169,6 @@ def _figures(text: str) -> list[str]:
     return re.findall(r"(\d+\.\d\d)x", text)
 
 
-def test_the_memory_panel_line_prints_the_tables_figures(table):
-    line = serving.memory_panel_line()
-    big = f"largest fit, {serving.FULL}"
-    want = [table.speedup("K3 against twin", "1M", big), table.speedup("K3 against twin", "1M", "batch 1"),
-            table.speedup("K3 against K2", "1M", big), table.speedup("K3 against K2", "1M", "batch 1")]
-    assert _figures(line) == [f"{v:.2f}" for v in want]
-
-
 def test_python_m_sim_costs_prints_only_the_tables_speed_ups(table):
     out = io.StringIO()
     costs.main_costs(Console(file=out, width=200, color_system=None))
@@ -191,34 +183,22 @@ def test_python_m_sim_costs_prints_only_the_tables_speed_ups(table):
     assert " ".join(serving.summary().split()) in " ".join(text.split())
 
 
-def test_the_tui_memory_panel_prints_the_tables_speed_ups(table):
-    """The memory panel's speed-up figures are sim.serving's (its byte ratio, twin ÷ hybrid, is the table's too)."""
+def test_the_tui_memory_panel_prints_the_tables_figure(table):
+    """The memory panel's one K3 ratio, twin ÷ hybrid at 1M, is the table's (a byte count, labelled as one)."""
     pytest.importorskip("textual")
-    from rich.console import Console as RichConsole
-
     from sim import Simulation
-    from tui_app.panels import MemoryPanel, View
+    from sim.memory import project_to_k3
+    from tui_app.panels import View, memory_table
 
     s = Simulation("tiny", "ab", weights="random")
     v = View(s, 1, 2, s.config.moe_layers[0], 0, None, False, -1)
-    assert serving.memory_panel_line_when_ready() == serving.memory_panel_line()     # the table is computed
-    _, body = MemoryPanel().draw(v)
     out = io.StringIO()
-    RichConsole(file=out, width=400, color_system=None).print(body)
-    text = out.getvalue()
-    assert serving.memory_panel_line() in text
-    speed_line = next(line for line in text.splitlines() if "tokens/s per GPU" in line)
-    assert set(_figures(speed_line)) <= table.figures()
-    one_m = next(line for line in text.splitlines() if "K3 at 1M" in line)
-    assert f"{table.memory_ratio('K3 against twin', '1M'):.2f}x" in one_m
-
-
-def test_the_panel_line_waits_for_the_table_in_a_background_thread():
-    serving.speedups.cache_clear()
-    serving._warming.clear()
-    assert serving.memory_panel_line_when_ready() is None          # the first draw does not wait
-    serving._warming[0].join(timeout=600)
-    assert serving.memory_panel_line_when_ready() == serving.memory_panel_line()
+    Console(file=out, width=200, color_system=None).print(memory_table(v.frame, s.config, 0))
+    one_m = next(line for line in out.getvalue().splitlines() if "K3 at 1M" in line)
+    assert _figures(one_m) == [f"{table.memory_ratio('K3 against twin', '1M'):.2f}"]
+    far = project_to_k3(M)                                       # the bytes the panel's columns show
+    assert table.memory_ratio("K3 against twin", "1M") == pytest.approx(far.twin / far.hybrid, rel=1e-12)
+    assert serving.bytes_held_ratio(M) == table.memory_ratio("K3 against twin", "1M")
 
 
 def _flat(text: str) -> str:
