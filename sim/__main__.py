@@ -3,6 +3,7 @@
     python -m sim --preset small --prompt "k=4; m=7; a red box. | m=" --steps 16 --layer 3
     python -m sim costs          # K3's serving figures and the corrections, with their sources
     python -m sim measure --quick  # one real-width layer of each kind timed here, composed into K3 and its twin
+    python -m sim measure --quick --batch 1,8,64   # the same at each batch, one line per batch
 
 Prints one row per token (the token fed in and the one chosen next, the experts chosen in --layer, the
 KDA state norm of --kda-layer, the decode-cache bytes of the hybrid and of its all-MLA twin), then the

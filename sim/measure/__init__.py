@@ -1,6 +1,7 @@
 """Measured, not modelled: K3's decode speed-up from one real-width layer of each kind.
 
-    python -m sim measure [--tokens 1024,...,1048576] [--device cpu|cuda] [--dtype float32|bfloat16] [--quick] [--save]
+    python -m sim measure [--tokens 1024,...,1048576] [--batch 1,8,64] [--device cpu|cuda] [--dtype float32|bfloat16]
+                          [--quick] [--save]
 
 layers.py       the layers at real widths from tiny_k3's modules; absorbed MLA decode; MoE with touched experts only
 measurement.py  timing, the machine's copy bandwidth and GEMM FLOP/s, `Measurement` (composition), save / load
