@@ -25,7 +25,6 @@ that fits at context T is floor(left / (KV + state of one sequence at T)).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,7 +39,7 @@ from .memory import MIB_CONTEXT, cache_bytes, format_bytes, non_negative_int
 ETA = 0.7            # fraction of peak bandwidth and of peak FLOP/s a decode step reaches (k3_facts.md §5b)
 OVERHEAD = 0.1       # fraction of each GPU kept for activations, workspace and runtime (sim.costs.gpus_needed)
 CONTEXTS = {"4K": 4096, "128K": 131072, "1M": MIB_CONTEXT}    # powers of two, like §5b's rows
-BATCHES = (1, 64)
+BATCHES = (1, 64)    # the fixed batches, on the full deployment
 
 
 # ---------------------------------------------------------------------------- deployments
@@ -220,6 +219,8 @@ def _kimi_linear_twin() -> tuple[K3Config, ServingModel]:
 
 
 def _same_weights_twin() -> tuple[K3Config, ServingModel]:
+    """The bound's twin: K3's weights read with 93 MLA caches (its FLOPs are counted as the real twin's: at the
+    batches `crossover` asks about, the step is bandwidth-bound either way)."""
     k3 = K3Config.preset("k3")
     return k3.twin(), serving_model(k3, kv_config=k3.twin(), name="K3 weights, 93 caches (bound)")
 
@@ -239,7 +240,7 @@ class Column:
     batch: int | None
 
 
-COLUMNS = (Column("batch 1", FULL, 1), Column("batch 64", FULL, 64),
+COLUMNS = (*(Column(f"batch {b}", FULL, b) for b in BATCHES),
            *(Column(f"largest fit, {d}", d, None) for d in DEPLOYMENTS))
 ROWS = {"K3 against twin": "twin", "K3 against K2": "K2"}
 

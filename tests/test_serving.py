@@ -243,3 +243,11 @@ def test_batch_one_latency_is_shown_beside_throughput_at_the_largest_batch(table
         (f"{s.tokens_per_s_per_gpu:,.0f}", f"{s.batch:,}") for s in full]
     # the two stories: K3 is slower than K2 per token at batch 1 and serves more tokens per GPU when full
     assert one[0].step_s > one[2].step_s and full[0].tokens_per_s_per_gpu > full[2].tokens_per_s_per_gpu
+
+
+def test_the_crossovers_are_bandwidth_bound_where_they_are_found():
+    """The same-weights twin borrows the real twin's FLOPs; that is harmless only if the steps there are bytes-bound."""
+    for batch, same in ((1, False), (64, False), (1, True)):
+        n = serving.crossover(batch, same_weights=same)
+        for name in ("K3", "same-weights twin" if same else "twin"):
+            assert serving.serve(name, serving.FULL, batch, n).bound == "bandwidth"
