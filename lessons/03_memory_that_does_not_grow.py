@@ -27,7 +27,7 @@
 # In this lesson: measure both on the running tiny model with the simulator, next to its all-MLA twin, past
 # the point where the hybrid becomes the smaller one; see how MLA's one latent per token serves all its heads;
 # project to the real K3 at 1M tokens; see why a 3:1 hybrid still grows; reconcile the speed-up numbers
-# that circulate (3.76x, 3.82x, 3.88x, 6.24x, "up to 6.3x"): which come from a bandwidth model, which from a
+# that circulate, down from "up to 6.3x": which come from the project's one serving table, which is a bound, which a
 # measurement; and put the bytes next to what they buy — exact recall as the pairs pile up, measured on the
 # hybrid, its all-MLA twin and an all-KDA model trained the same way.
 
@@ -38,8 +38,7 @@ import torch
 from checks import check_kda_state_bytes, check_mla_cache_bytes, hint  # noqa: F401  (hint: for you)
 from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
 from sim import Simulation
-from sim.costs import (KIMI_LINEAR, KIMI_LINEAR_TPOT_MS, decode_step_time, decode_table, kv_only_limit,
-                       serving_model)
+from sim.costs import KIMI_LINEAR
 from sim.memory import (MIB_CONTEXT, cache_bytes, format_bytes, hybrid_reduction, kv_bytes_per_token,
                         memory_curve, project_to_k3, state_bytes_fixed)
 from tiny_k3 import DEFAULT_PROMPT, K3Config
@@ -231,94 +230,94 @@ print(f"So at 1M tokens K3 still holds {format_bytes(one_m.kv)} of KV per sequen
       f"is {format_bytes(sum(cache_bytes(k3, MIB_CONTEXT, batch=64)))} of cache.")
 
 # %% [markdown]
-# ## 5. The decode-time model, and what "6.3x at 1M tokens" is measured against
+# ## 5. Decode speed, and what "6.3x at 1M tokens" is measured against
 #
-# Decode is memory-bandwidth bound: every step reads the active weights once (shared by the batch) and,
-# per sequence, the whole KV cache and the KDA state. k3_facts.md §5b:
-#
-# t_step(B, T) = [ W_dense + n_moe·N(1 − (1 − k/N)^B)·w_expert + B·(L_MLA·576·b·T + 2·S_kda) ] / (G·BW·η)
-#
-# with G = 64 GPUs, BW = 4.8 TB/s, η = 0.7 and no communication (`sim.costs.decode_step_time`).
+# A decode step reads the non-expert weights once, every routed expert that some sequence in the batch picked, and,
+# per sequence, its whole KV cache and KDA state; it also does FLOPs, which grow with the batch and the context.
+# `sim.serving` takes the larger of bytes ÷ (G·BW·η) and FLOPs ÷ (G·F·η) (k3_facts.md §5b, η = 0.7, no
+# communication). The twin is the one this lesson stepped beside the hybrid: `K3Config.twin()`, every attention
+# layer K3's own MLA, **with its own weights** — and an MLA layer holds fewer weights than a KDA layer, so the twin
+# reads fewer weights per step. Below, `speedups()` — the one table every speed-up figure in the project comes
+# from — for the twin row (lesson 5 has the K2 row and the deployments):
 
 # %%
-print(f"{'B':>4s} {'T':>9s} {'K3 ms':>7s} {'all-MLA ms':>10s} {'K2 ms':>7s} {'all-MLA/K3':>10s} {'K2/K3':>6s}")
-table = decode_table()                               # computed once (it counts K3 and K2 on the meta device)
-for r in table:
-    print(f"{r['batch']:>4d} {r['context']:>9,} {r['K3']:>7.2f} {r['K3-all-MLA']:>10.2f} {r['K2']:>7.2f} "
-          f"{r['all-MLA/K3']:>10.2f} {r['K2/K3']:>6.2f}")
+from sim.serving import FULL, crossover, crossover_sentence, serve, speedups  # noqa: E402
 
-m_k3, m_twin = serving_model(k3), serving_model(k3, kv_config=k3.twin(), name="K3-all-MLA")
+table = speedups()
+cols = ("batch 1", "batch 64", f"largest fit, {FULL}")
+print(f"K3's speed over its all-MLA twin on {FULL} (tokens/s per GPU, K3 ÷ twin; n/a: the twin cannot hold it)")
+print(f"{'context':>8s}" + "".join(f"{c:>24s}" for c in cols))
+for name in ("4K", "128K", "1M"):
+    cells = [table.cell("K3 against twin", name, c) for c in cols]
+    print(f"{name:>8s}" + "".join(f"{'n/a' if c.speedup is None else f'{c.speedup:.2f}x':>24s}" for c in cells))
+fit = table.cell("K3 against twin", "1M", cols[2])
+print(f"at 1M, {FULL} holds {fit.k3.batch} of K3's sequences and {fit.other.batch} of the twin's: throughput is "
+      "what the smaller cache buys")
+print(crossover_sentence())
+facts["speed_crossover_b1"], facts["speed_crossover_same_weights"] = crossover(1), crossover(1, same_weights=True)
+
 contexts = np.unique(np.logspace(10, 20, 30, base=2).astype(int))
 fig, ax = plt.subplots(figsize=(11, 4.2))
-for B in (1, 16, 256):
-    ax.plot(contexts, [decode_step_time(m_twin, B, int(T)) / decode_step_time(m_k3, B, int(T)) for T in contexts],
-            label=f"bandwidth model, batch {B}")
-ax.axhline(kv_only_limit(m_k3, m_twin), color="k", ls="--", lw=0.8,
-           label=f"KV-only limit at 1M: {kv_only_limit(m_k3, m_twin):.2f}x")
-measured = KIMI_LINEAR_TPOT_MS["full-MLA"] / KIMI_LINEAR_TPOT_MS["Kimi Linear"]
-ax.axhline(measured, color="crimson", ls=":", label=f"Kimi Linear measured: {measured:.2f}x (S16, S34)")
-ax.set_xscale("log", base=2), ax.set_xlabel("context T"), ax.set_ylabel("t(all-MLA) / t(hybrid)")
-ax.set_title("decode speed-up of K3 over its all-MLA twin"), ax.legend(loc="center left")
+for B in (1, 16, 64):
+    ax.plot(contexts, [serve("twin", FULL, B, int(T)).step_s / serve("K3", FULL, B, int(T)).step_s for T in contexts],
+            label=f"batch {B}, {FULL}")
+ax.axhline(table.bound.value, color="k", ls="--", lw=0.8, label=f"bound, same weights, KV only: {table.bound.value:.2f}x")
+ax.axhline(table.kimi_linear.value, color="crimson", ls=":", label=f"Kimi Linear measured: {table.kimi_linear.value:.2f}x (S16, S34)")
+ax.axhline(1, color="grey", lw=0.5)
+ax.set_xscale("log", base=2), ax.set_xlabel("context T"), ax.set_ylabel("t(twin) / t(K3)")
+ax.set_title("decode speed-up of K3 over its all-MLA twin (sim.serving)"), ax.legend(loc="upper left")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# ### Five numbers, reconciled
+# ### The numbers, reconciled
 #
-# Five speed-up figures travel together (here, in lesson 5 and in the TUI's memory panel). Three come out of
-# this project's bandwidth model or its byte counts, one is a measurement, one is a claim:
+# Speed-up figures travel together (here, in lesson 5 and in the TUI's memory panel). One table gives them all,
+# each with its kind:
 
 # %%
 far = project_to_k3(MIB_CONTEXT)
-kl_ceiling = KIMI_LINEAR.num_layers / len(KIMI_LINEAR.mla_layers)
-speedups = [
-    ("KV-only limit at 1M", kv_only_limit(m_k3, m_twin), "bandwidth model",
-     "t(twin)/t(K3) as batch → ∞: cache bytes only, KDA state read + written (k3_facts.md §5b)"),
-    ("memory bars at 1M", far.twin / far.hybrid, "byte count",
-     "bytes held per sequence, twin / hybrid (state counted once), the TUI's memory panel"),
-    ("L / L_MLA ceiling", k3.num_layers / len(k3.mla_layers), "bandwidth model",
-     "93 / 24: the KV ratio with no state and no weights, the most any bytes-only model allows"),
-    ("Kimi Linear TPOT", KIMI_LINEAR_TPOT_MS["full-MLA"] / KIMI_LINEAR_TPOT_MS["Kimi Linear"], "measurement",
-     "11.48 ms / 1.84 ms per output token at 1M, full-MLA baseline vs Kimi Linear (S16, S34)"),
-    ("up to 6.3x", 6.3, "claim",
-     "Moonshot's claim for Delta Attention, whose number matches Kimi Linear's TPOT (S14)"),
+kl_ceiling = table.kimi_linear_ceiling.value            # L / L_MLA of Kimi Linear
+best = table.closest["K3 against twin"]
+speedups_shown = [
+    ("nearest to 6.3x", best.value, "serving table", f"K3 ÷ twin, tokens/s per GPU: {best.where}"),
+    ("bound at 1M", table.kv_only[MIB_CONTEXT], "bound",
+     "same weights, KV only, batch → ∞: cache bytes only, KDA state read + written"),
+    ("bound L / L_MLA", table.bound.value, "bound", "93 / 24: the KV ratio with no state and no weights"),
+    ("bytes held at 1M", table.memory_ratio("K3 against twin", "1M"), "byte count",
+     "bytes one sequence holds, twin ÷ hybrid: memory, not speed (the TUI's memory panel)"),
+    ("Kimi Linear TPOT", table.kimi_linear.value, "measurement", f"{table.kimi_linear.where} ({table.kimi_linear.source})"),
+    ("up to 6.3x", table.claim.value, "claim", f"{table.claim.where} ({table.claim.source})"),
 ]
-print(f"{'figure':22s} {'value':>6s}  {'kind':16s} what it is")
-for name, value, kind, what in speedups:
-    print(f"{name:22s} {value:>5.2f}x  {kind:16s} {what}")
-facts["speedups"] = {name: round(value, 2) for name, value, _, _ in speedups}
+print(f"{'figure':18s} {'value':>6s}  {'kind':13s} what it is")
+for name, value, kind, what in speedups_shown:
+    print(f"{name:18s} {value:>5.2f}x  {kind:13s} {what}")
+facts["speedups"] = {name: round(value, 2) for name, value, _, _ in speedups_shown}
 facts["kimi_linear_ceiling"] = kl_ceiling
 print(f"\nKimi Linear's own ceiling: L / L_MLA = {KIMI_LINEAR.num_layers} / {len(KIMI_LINEAR.mla_layers)} = "
-      f"{kl_ceiling:.2f}x < the measured {speedups[3][1]:.2f}x")
+      f"{kl_ceiling:.2f}x < the measured {table.kimi_linear.value:.2f}x")
 
 # %% [markdown]
-# Why no bandwidth model can reach 6.24x: the hybrid and its all-MLA twin read the **same weights** every step,
-# and the twin reads L / L_MLA times the hybrid's KV bytes; the KDA state only *adds* bytes to the hybrid. So
+# Why no bytes model reaches 6.24x: even granting the twin the hybrid's own weights (the bound's view), the twin
+# reads L / L_MLA times the hybrid's KV bytes and the KDA state only *adds* bytes to the hybrid, so
 # t(twin) / t(hybrid) = (W + KV_twin) / (W + KV_hybrid + 2S) < KV_twin / KV_hybrid = L / L_MLA — for Kimi Linear
-# 27 / 7 = 3.86x, for K3 93 / 24 = 3.88x. A measured 6.24x must contain what a bytes-only model leaves out:
-# full attention at 1M tokens running well below peak bandwidth, and per-layer kernel overheads that scale with
-# the number of full-attention layers. The last row is **Moonshot's claim for Delta Attention, whose number
-# matches Kimi Linear's TPOT** (k3_facts.md §0); no source gives it as K3 against K2.
+# 27 / 7 = 3.86x, for K3 93 / 24 = 3.88x. The real twin reads *fewer* weights than the hybrid, so it does better
+# still. A measured 6.24x must contain what a bytes model leaves out: full attention at 1M running well below peak
+# bandwidth, and per-layer kernel overheads that scale with the number of full-attention layers. The last row is
+# **Moonshot's claim for Delta Attention, whose number matches Kimi Linear's TPOT** (k3_facts.md §0); no source
+# gives it as K3 against K2.
 #
-# Two more readings of the figure above:
+# Two more readings of the table:
 #
-# * At short contexts the hybrid is no faster — slightly slower at large batch, since every sequence
-#   reads and writes its fixed KDA state each step; the gain grows with context and batch.
-# * Against **K2**, K3 is *slower* per token at small batch: it reads far more active weight bytes per step.
-#   Its advantage shows only when cache traffic dominates — long contexts, large batches:
+# * At short contexts the hybrid is *slower* than its twin: its 69 KDA layers hold more weights than 69 MLA layers
+#   would, and every sequence reads and writes its fixed KDA state each step; the gain comes with context and batch.
+# * Against **K2**, K3 is *slower* per token at batch 1: it reads far more weight bytes per step. Its advantage shows
+#   only when cache traffic dominates — long contexts, full batches:
 
 # %%
-from sim.costs import k2_serving_model  # noqa: E402
-
-m_k2 = k2_serving_model()
-read = lambda m: m.dense_bytes + m.moe_layers * m.top_k * m.expert_bytes  # noqa: E731  (active weights, B = 1)
-print(f"active weights read per step at batch 1: K3 {format_bytes(read(m_k3))}, K2 {format_bytes(read(m_k2))}")
-row = {(r["batch"], r["context"]): r for r in table}
-print(f"K2/K3 at B=1, 1M: {row[(1, MIB_CONTEXT)]['K2/K3']:.2f} (K3 slower);  at B=256, 1M: "
-      f"{row[(256, MIB_CONTEXT)]['K2/K3']:.2f} (K3 faster)")
-slow = (decode_step_time(m_twin, 16, MIB_CONTEXT, eta_attn_full=0.35)
-        / decode_step_time(m_k3, 16, MIB_CONTEXT, eta_attn_full=0.35))
-print(f"with full attention at half the efficiency (eta_attn_full = 0.35), batch 16 at 1M: {slow:.2f}x — "
-      f"still under the {k3.num_layers / len(k3.mla_layers):.2f}x ceiling, because it slows hybrid and twin alike")
+one = table.cell("K3 against K2", "4K", "batch 1")
+print(f"weights read per step at batch 1: K3 {format_bytes(one.k3.weights_read)}, K2 {format_bytes(one.other.weights_read)}")
+print(f"K3 ÷ K2 at batch 1, 1M: {table.speedup('K3 against K2', '1M', 'batch 1'):.2f}x (K3 slower); at the largest batch "
+      f"{FULL} holds, 1M: {table.speedup('K3 against K2', '1M', f'largest fit, {FULL}'):.2f}x (K3 faster)")
 
 # %% [markdown]
 # ## 6. How much one fixed state holds: the retrieval cliff, computed
@@ -572,7 +571,8 @@ try_exercise(check_kda_state_bytes, my_kda_state_bytes)
 
 # %% [markdown]
 # **Take-away.** KDA layers cost a fixed state per sequence (449 MB for K3), MLA layers a growing latent
-# cache (27.6 KB per token for K3's 24), one latent for all heads. The hybrid wins beyond a few thousand tokens
-# and approaches a 3.9x saving over its all-MLA twin; the reported 6.3x is Kimi Linear's measured speed-up over
-# a full-MLA baseline, beyond what any bandwidth model gives. What the bytes buy is computed (section 6) and measured (section 7): a
+# cache (27.6 KB per token for K3's 24), one latent for all heads. The hybrid *holds* less than its all-MLA twin
+# beyond a few thousand tokens and approaches a 3.9x saving in bytes; it *decodes* faster than its twin at batch 1
+# only from a few hundred thousand tokens, and most when long sequences fill the batch (section 5); the reported
+# 6.3x is Kimi Linear's measured speed-up over a full-MLA baseline, beyond what any bytes model gives. What the bytes buy is computed (section 6) and measured (section 7): a
 # fixed state's exact recall against the number of pairs it must hold, next to a cache that keeps every token.

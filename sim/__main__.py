@@ -3,6 +3,7 @@
     python -m sim --preset small --prompt "k=4; m=7; a red box. | m=" --steps 16 --layer 3
     python -m sim costs          # K3's serving figures and the corrections, with their sources
     python -m sim measure --quick  # one real-width layer of each kind timed here, composed into K3 and its twin
+    python -m sim measure --quick --batch 1,8,64   # the same at each batch, one line per batch
 
 Prints one row per token (the token fed in and the one chosen next, the experts chosen in --layer, the
 KDA state norm of --kda-layer, the decode-cache bytes of the hybrid and of its all-MLA twin), then the
@@ -104,16 +105,29 @@ def recall_line(moment) -> str:
             f"the answer's margin over other digits {moment.margin:+.2f}, moved most by {movers}")
 
 
+def _costs(argv: list[str], console: Console) -> int:
+    if argv:
+        console.print(f"[red]error:[/red] `python -m sim costs` takes no arguments, got {' '.join(argv)!r}.")
+        return 2
+    main_costs(console)
+    return 0
+
+
+def _measure(argv: list[str], console: Console) -> int:
+    from .measure import main_measure
+
+    return main_measure(argv, console)
+
+
+# `python -m sim NAME ...`: each subcommand takes (its arguments, the console) and returns the exit status.
+SUBCOMMANDS = {"costs": _costs, "measure": _measure}
+
+
 def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     console = console or Console()
-    if argv[:1] == ["costs"]:
-        main_costs(console)
-        return 0
-    if argv[:1] == ["measure"]:
-        from .measure import main_measure
-
-        return main_measure(argv[1:], console)
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:], console)
     args = _parser().parse_args(argv)
     try:
         if args.preset in COUNTED_ONLY:

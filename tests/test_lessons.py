@@ -264,11 +264,17 @@ def test_lesson3_facts(executed):
     assert f["tokens_run"] >= f["cross_measured"] + 16, f
     assert f["mla_absorbed_max_diff"] < 1e-4, "scores from the latent equal scores from per-head keys"
     s = f["speedups"]
-    assert s == {"KV-only limit at 1M": 3.76, "memory bars at 1M": 3.82, "L / L_MLA ceiling": 3.88,
+    from sim.serving import crossover, speedups
+
+    t = speedups()                                    # the one serving table
+    assert s == {"nearest to 6.3x": round(t.closest["K3 against twin"].value, 2), "bound at 1M": round(t.kv_only[1 << 20], 2),
+                 "bound L / L_MLA": round(93 / 24, 2), "bytes held at 1M": round(t.memory_ratio("K3 against twin", "1M"), 2),
                  "Kimi Linear TPOT": 6.24, "up to 6.3x": 6.3}, s
-    # "why no bandwidth model can reach 6.24x": every bandwidth-model number and Kimi Linear's own ceiling below it
+    # "why no bytes model reaches 6.24x": every model number and Kimi Linear's own ceiling below it
     assert f["kimi_linear_ceiling"] < s["Kimi Linear TPOT"]
-    assert max(s["KV-only limit at 1M"], s["memory bars at 1M"], s["L / L_MLA ceiling"]) < s["Kimi Linear TPOT"]
+    assert max(s["nearest to 6.3x"], s["bound at 1M"], s["bound L / L_MLA"]) < s["Kimi Linear TPOT"]
+    # one crossover in speed (the real twin), the bound's labelled beside it, and the memory crossover before both
+    assert f["speed_crossover_b1"] == crossover(1) > f["speed_crossover_same_weights"] > f["cross_formula"], f
     # section 6, the retrieval cliff: "exactly up to N = K", "attention reads back exactly at every N",
     # "at N = 2K the mean cosine is ...: room for K directions, no more", "alpha^d"
     assert {int(K): n for K, n in f["cliff_holds"].items()} == {8: 8, 16: 16, 32: 32, 64: 64}, f["cliff_holds"]
@@ -329,6 +335,38 @@ def test_lesson5_facts(executed):
     assert f["turn_crossing"] is not None and f["turn_crossing"] <= f["output_crossing_4K"], f
     # the published recipes are marked where they hold some context
     assert all(v > 0 for v in f["recipe_holds_tokens"].values()), f["recipe_holds_tokens"]
+    # "each curve stops at the largest batch that fits": 16 H200s hold fewer 128K sequences than the grid's 1,024
+    from sim.serving import serve
+
+    for ctx, limit_key, curve_key in ((4096, "batch_limit_4K", "curve_max_batch_4K"),
+                                      (131072, "batch_limit_128K", "curve_max_batch_128K"),
+                                      (100_000, "turn_batch_limit", "turn_curve_max")):
+        assert f[curve_key] == f[limit_key] == serve("K3", "16xH200", None, ctx).fitting_batch, (ctx, f)
+    assert f["batch_limit_128K"] < 1024
+    # "the weights read grow with the experts the batch touches"
+    assert f["weights_read"]["64"] > 5 * f["weights_read"]["1"], f["weights_read"]
+
+
+MEASURED_CELL = "# measured on this machine: not sim.serving's figures"
+
+
+@pytest.mark.parametrize("name", ["03_memory_that_does_not_grow.py", "05_serving_economics.py"])
+def test_every_speed_up_figure_a_lesson_prints_is_the_serving_tables(executed, name):
+    """Lessons 3 and 5 print speed-ups ("1.32x", and the corrections' "K3 against twin, B=1, 1M: 1.32") only from
+    sim.serving.speedups(); the one cell that prints this machine's measurement is marked and exempt."""
+    from sim.serving import speedups
+
+    if executed.get(name) is None or executed[name]["error"] is not None:
+        pytest.fail(f"{name} did not run (see the run test)")
+    allowed = speedups().figures()
+    nb, n_learner = executed[name]["nb"], executed[name]["n_learner"]
+    texts = [_outputs_text(c) for c in nb.cells[:n_learner] if c.cell_type == "code" and MEASURED_CELL not in c.source]
+    texts += [o.get("text", "") for outs in _slider_outputs(nb) for o in outs]
+    printed = [v for text in texts for v in re.findall(r"(\d+\.\d\d)x", text)]
+    printed += [v for text in texts for v in re.findall(r"^ +[^:\n]*(?:against|bound|speedup|limit)[^:\n]*: (\d+\.\d\d)$",
+                                                         text, re.M)]
+    assert printed, f"{name} printed no speed-up figure"
+    assert set(printed) <= allowed, f"{name} printed figures that sim.serving does not give: {set(printed) - allowed}"
 
 
 def test_lesson6_facts(executed):

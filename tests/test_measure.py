@@ -23,7 +23,14 @@ from tiny_k3.moe import LatentMoE
 TOKENS = (16, 64)
 
 
-def run_cli(*argv) -> tuple[int, str]:
+def run_cli(*argv, trusting: bool = True) -> tuple[int, str]:
+    """The CLI in-process; `trusting`: whatever this machine's load, the run is not refused as too loaded (the tests
+    check the ratios' plumbing, not this machine)."""
+    import sim.measure.measurement as M
+
+    saved = M.TOO_LOADED, M.BUSY_ENOUGH
+    if trusting:
+        M.TOO_LOADED, M.BUSY_ENOUGH = float("inf"), 0.0
     console = Console(record=True, width=200, color_system=None)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -31,6 +38,7 @@ def run_cli(*argv) -> tuple[int, str]:
         code = main(["measure", *argv], console=console)
     finally:
         torch.set_num_threads(before)
+        M.TOO_LOADED, M.BUSY_ENOUGH = saved
     return code, console.export_text()
 
 
@@ -39,7 +47,7 @@ def tiny_run():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return measure(TOKENS, tiny=True, quick=True)
+        return measure(TOKENS, tiny=True, quick=True, dtype="float32", load=0.0)
     finally:
         torch.set_num_threads(before)
 
@@ -252,7 +260,7 @@ def test_too_many_tokens_for_this_machines_memory_is_refused_with_the_numbers():
     check_memory(w, fit, 4, "float32", available=(need + head) // 2)    # the number it offers does fit
     with pytest.raises(ValueError, match=r"^the head layer alone needs about 5.6 GB at float32 but this machine has "
                                          r"1.0 MB available; free some memory or use --dtype bfloat16\.$"):
-        measure((1024,), available=1_000_000)
+        measure((1024,), available=1_000_000, dtype="float32")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -288,7 +296,87 @@ def test_the_cli_prints_the_tables_and_ends_with_the_measured_line(tmp_path):
     assert match, lines[-1]
     saved = load_saved(path)
     assert match.groups() == (f"{saved.speedup(64):.2f}", f"{saved.bandwidth_speedup(64):.2f}")
-    assert lines[-2] == f"saved to {path}"
-    for needle in ("one decode step of each layer", "per-token decode time", "roofline prediction", "H200", "B300",
+    assert lines[-3] == f"saved to {path}" and lines[-2].startswith("batch 1: K3 decodes ")
+    for needle in ("one decode step of each layer", "per-token decode time", "the measured layers on a GPU roofline", "H200", "B300",
                    "6.24x", "880 idle experts", "peak resident memory"):
         assert needle in out, needle
+
+
+# ---------------------------------------------------------------------------- batches, CPU time, load
+
+
+def test_batches_are_parsed_and_bounded():
+    from sim.measure import parse_batches
+
+    assert parse_batches("64, 1,8,8", quick=True) == (1, 8, 64) and parse_batches(None, quick=False) == (1,)
+    for text, quick, message in [("a", False, "comma-separated whole numbers like 1,8,64"),
+                                 ("0", False, "between 1 and 1,024"), ("128", True, "between 1 and 64 with --quick")]:
+        with pytest.raises(ValueError, match=message):
+            parse_batches(text, quick)
+
+
+def test_the_dtype_is_bf16_where_the_cpu_has_bf16_instructions(monkeypatch):
+    import sim.measure.measurement as M
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(M, "cpu_bf16", lambda: "amx_bf16")
+    assert M.parse_dtype(None, cpu) == ("bfloat16", "this CPU has bf16 instructions (amx_bf16)")
+    monkeypatch.setattr(M, "cpu_bf16", lambda: None)
+    name, why = M.parse_dtype(None, cpu)
+    assert name == "float32" and "no bf16 instructions" in why and "emulated" in why
+    assert M.parse_dtype("bfloat16", cpu) == ("bfloat16", "asked for (--dtype)")
+
+
+@pytest.fixture(scope="module")
+def batch_run():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure(TOKENS, tiny=True, quick=True, dtype="float32", batches=(1, 4), load=0.0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_each_batch_is_composed_from_its_own_steps(batch_run):
+    from sim.costs import expected_experts_touched
+    from sim.measure.layers import rows_per_expert
+
+    m = batch_run
+    s, c = m.seconds, widths(tiny=True).k3
+    assert m.batches == (1, 4) and set(m.cpu_seconds) == set(s)
+    for t in TOKENS:
+        hybrid = 69 * s["kda#4"] + 24 * s[f"mla@{t}#4"] + 92 * s["moe#4"] + s["dense#4"] + s["head#4"]
+        assert m.per_token("k3", t, 4) == pytest.approx(hybrid, rel=1e-12)
+        assert m.speedup(t, batch=4) == pytest.approx(m.per_token("twin", t, 4) / hybrid, rel=1e-12)
+    # the MoE at batch 4: the shell on 4 tokens + the experts 4 tokens touch, each on its share of the rows
+    r = rows_per_expert(c, 4)
+    lo = max(1, int(r))
+    group = s[f"moe-experts{lo}#4"] + (r - lo) * (s[f"moe-experts{lo + 1}#4"] - s[f"moe-experts{lo}#4"])
+    touched = expected_experts_touched(c.num_experts, c.top_k, 4)
+    assert s["moe#4"] == pytest.approx(s["moe-shell#4"] + touched / c.top_k * group, rel=1e-12)
+    assert r == pytest.approx(4 * 16 / touched) and 1 <= r < 1.1
+    with pytest.raises(ValueError, match="batch 8 was not measured; measured: 1, 4"):
+        m.per_token("k3", TOKENS[0], 8)
+
+
+def test_a_loaded_machine_gives_no_ratio(batch_run):
+    m = dataclasses.replace(batch_run, load_at_start=1.5 * (batch_run.cpus or 2), cpus=batch_run.cpus or 2)
+    assert "load average" in m.distrust()
+    assert last_line(m).startswith("measured on cpu: too loaded to trust a ratio (load average ")
+    assert not re.search(r"\d\.\d\dx faster", last_line(m))
+    starved = dataclasses.replace(batch_run, cpu_seconds={k: v * 0.1 for k, v in batch_run.seconds.items()})
+    assert "CPU time" in starved.distrust() and starved.busy == pytest.approx(0.1)
+    quiet = dataclasses.replace(batch_run, cpu_seconds=dict(batch_run.seconds))
+    assert quiet.distrust() is None and last_line(quiet).startswith("measured on cpu: K3 decodes ")
+
+
+def test_the_cli_prints_one_line_per_batch_then_the_last_line():
+    code, out = run_cli("--tiny", "--quick", "--tokens", "16", "--batch", "1,2", "--dtype", "float32")
+    assert code == 0, out
+    lines = out.rstrip().splitlines()
+    assert re.fullmatch(r"measured on cpu: K3 decodes \d+\.\d\dx faster than its all-MLA twin at 16 tokens "
+                        r"\(bandwidth model: \d+\.\d\dx; reported: up to 6\.3x\)", lines[-1]), lines[-1]
+    assert [line.split(":")[0] for line in lines[-3:-1]] == ["batch 1", "batch 2"]
+    assert "per batch" in out and "float32: asked for (--dtype)" in out and "load average" in out
+    code, out = run_cli("--batch", "0")
+    assert code == 2 and out.strip().startswith("error: --batch must lie between 1 and")

@@ -142,7 +142,8 @@ class TinyK3(nn.Module):
                         if config.residual != "standard" else None)
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **kw)
-        self.apply(partial(_init_weights, std=config.init_std))
+        if self.embed.weight.device.type != "meta":   # meta tensors hold no values: counting needs no init
+            self.apply(partial(_init_weights, std=config.init_std))
 
     @property
     def device(self) -> torch.device:

@@ -25,6 +25,7 @@ from sim import Simulation, render
 from sim.frame import Frame, SublayerView
 from sim.measure import saved_line
 from sim.memory import MIB_CONTEXT, cache_bytes, format_bytes, project_to_k3, state_bytes_fixed
+from sim.serving import bytes_held_ratio
 from tiny_k3.attnres import DepthStream
 from tiny_k3.config import K3Config
 
@@ -380,8 +381,10 @@ def memory_table(frame: Frame, config: K3Config, bar_width: int) -> Table:
         t.add_column("", no_wrap=True)
     rows = [("this run", frame.memory.total_bytes, frame.memory.twin_kv_bytes), ("K3 now", now.hybrid, now.twin),
             ("K3 at 1M", far.hybrid, far.twin)]
+    held = {"K3 now": n, "K3 at 1M": MIB_CONTEXT}                 # K3's ratios: sim.serving's (bytes, not speed)
     for title, hybrid, twin in rows:
-        ratio = "-" if not hybrid else f"{twin / hybrid:.2f}x" if twin >= 0.1 * hybrid else f"{twin / hybrid:.2g}x"
+        r = bytes_held_ratio(held[title]) if title in held else twin / hybrid if hybrid else 0.0
+        ratio = "-" if not hybrid else f"{r:.2f}x" if twin >= 0.1 * hybrid else f"{r:.2g}x"
         cells = [title, format_bytes(hybrid), format_bytes(twin), ratio]
         if bar_width:
             top = max(hybrid, twin, 1)

@@ -1,6 +1,7 @@
 """Measured, not modelled: K3's decode speed-up from one real-width layer of each kind.
 
-    python -m sim measure [--tokens 1024,...,1048576] [--device cpu|cuda] [--dtype float32|bfloat16] [--quick] [--save]
+    python -m sim measure [--tokens 1024,...,1048576] [--batch 1,8,64] [--device cpu|cuda] [--dtype float32|bfloat16]
+                          [--quick] [--save]
 
 layers.py       the layers at real widths from tiny_k3's modules; absorbed MLA decode; MoE with touched experts only
 measurement.py  timing, the machine's copy bandwidth and GEMM FLOP/s, `Measurement` (composition), save / load
@@ -10,11 +11,11 @@ report.py       the printed tables, the roofline, the reading, the CLI and its l
 
 from .accelerators import ACCELERATORS, REPORTED_SPEEDUP, Accelerator
 from .layers import TouchedMoE, Widths, absorbed_mla_step, k2_config, latent_cache, widths
-from .measurement import (SHIPPED, LayerWork, Machine, Measurement, check_memory, estimate_peak_bytes, load_saved,
+from .measurement import (SHIPPED, LayerWork, Machine, Measurement, check_memory, estimate_peak_bytes, load_saved, parse_batches,
                           measure, parse_tokens, save, saved_paths, schedules)
-from .report import last_line, main_measure, reading, report, saved_line
+from .report import batch_line, last_line, main_measure, reading, report, saved_line
 
-__all__ = ["measure", "Measurement", "LayerWork", "Machine", "load_saved", "save", "saved_paths", "SHIPPED", "main_measure", "last_line", "saved_line",
+__all__ = ["measure", "Measurement", "LayerWork", "Machine", "load_saved", "save", "saved_paths", "SHIPPED", "main_measure", "last_line", "batch_line", "saved_line",
            "reading", "report", "absorbed_mla_step", "latent_cache", "TouchedMoE", "Widths", "widths", "k2_config",
-           "schedules", "check_memory", "estimate_peak_bytes", "parse_tokens", "ACCELERATORS", "Accelerator",
+           "schedules", "check_memory", "estimate_peak_bytes", "parse_tokens", "parse_batches", "ACCELERATORS", "Accelerator",
            "REPORTED_SPEEDUP"]

@@ -268,3 +268,31 @@ class TouchedMoE(nn.Module):
         y = torch.bmm(self.w2, h * mix.view(n, 1, 1)).sum(0).view(1, 1, l)                  # [1, 1, l]
         out = self.up(self.latent_norm(y))          # RMSNorm after the full expert sum (k3_facts.md §1c)
         return out if self.shared is None else out + self.shared(x)
+
+
+# ---------------------------------------------------------------------------- MoE at batch B, in two timed parts
+
+def moe_shell_step(moe: TouchedMoE, x: torch.Tensor) -> torch.Tensor:
+    """The part of a batch-B MoE step that every token does whatever its experts: x [B, 1, D] -> [B, 1, D].
+
+    The router's scores and top-k for all B tokens, the down projection, the latent norm and up projection (applied
+    here to the down-projected rows, which have the shape of the expert mix they stand in for) and the shared
+    experts. The routed experts' GEMMs are timed apart (`moe_expert_step`) and composed by the experts touched.
+    """
+    moe.router(x)
+    y = moe.up(moe.latent_norm(moe.down(x)))
+    return y if moe.shared is None else y + moe.shared(x)
+
+
+def moe_expert_step(moe: TouchedMoE, rows: torch.Tensor) -> torch.Tensor:
+    """Every held routed expert's SiTU-GLU on its own m rows: rows [n, l, m] -> [n, l, m] (n = held experts)."""
+    h = situ_glu(torch.bmm(moe.w1, rows), torch.bmm(moe.w3, rows), moe.config.situ_beta_gate, moe.config.situ_beta_up)
+    return torch.bmm(moe.w2, h)
+
+
+def rows_per_expert(config: K3Config, batch: int) -> float:
+    """Rows a touched expert gets on average when `batch` tokens each pick top_k of the experts uniformly:
+    B k / (expected experts touched) (sim.costs.expected_experts_touched, k3_facts.md §5b)."""
+    from sim.costs import expected_experts_touched
+
+    return batch * config.top_k / expected_experts_touched(config.num_experts, config.top_k, batch)

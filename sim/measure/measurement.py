@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import math
 import os
 import platform
 import resource
@@ -36,10 +37,14 @@ from tiny_k3.mla import GatedMLA
 from tiny_k3.model import resolve_device
 from tiny_k3.moe import GatedMLP, LatentMoE
 
+from ..costs import expected_experts_touched
 from ..memory import MIB_CONTEXT, format_bytes
 from . import layers as L
 
 FULL_TOKENS = (1024, 8192, 65536, 262144, MIB_CONTEXT)
+MAX_BATCH, QUICK_MAX_BATCH = 1024, 64
+TOO_LOADED = 0.75       # load average at start, per CPU, from which a CPU measurement is not trusted
+BUSY_ENOUGH = 0.6       # CPU time / (wall time x threads) below which the steps were starved of CPU
 QUICK_TOKENS = (1024, 8192, 65536)
 QUICK_MAX = 65536
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -139,29 +144,59 @@ class Measurement:
     torch_version: str = ""
     created: str = ""
     extra: dict = field(default_factory=dict)
+    batches: tuple[int, ...] = (1,)      # sequences per decode step; batch 1's keys carry no "#B"
+    cpu_seconds: dict[str, float] = field(default_factory=dict)   # CPU time of the process per timed step (median)
+    load_at_start: float = -1.0          # 1-minute load average when the run began (-1: not recorded)
+    cpus: int = 0
+    dtype_reason: str = ""
 
     @property
     def element_bytes(self) -> int:
         return torch.tensor([], dtype=DTYPES[self.dtype]).element_size()
 
-    def step_seconds(self, layer: str, tokens: int) -> float:
+    def step_seconds(self, layer: str, tokens: int, batch: int = 1) -> float:
         key = f"{layer}@{tokens}" if self.work[layer].cache_width else layer
+        key = batch_key(key, batch)
         if key not in self.seconds:
+            if batch not in self.batches:
+                raise ValueError(f"batch {batch} was not measured; measured: {', '.join(map(str, self.batches))}.")
             raise ValueError(f"{layer} was not measured at {tokens:,} tokens; measured: "
                              f"{', '.join(f'{t:,}' for t in self.tokens)}.")
         return self.seconds[key]
 
-    def parts(self, model: str, tokens: int) -> dict[str, float]:
-        """Seconds per token spent in each layer kind of `model` at `tokens` (count x one step)."""
-        return {layer: n * self.step_seconds(layer, tokens) for layer, n in self.schedules[model].items()}
+    def parts(self, model: str, tokens: int, batch: int = 1) -> dict[str, float]:
+        """Seconds per decode step spent in each layer kind of `model` at `tokens` (count x one step)."""
+        return {layer: n * self.step_seconds(layer, tokens, batch) for layer, n in self.schedules[model].items()}
 
-    def per_token(self, model: str, tokens: int) -> float:
-        """Measured decode seconds per token of `model` ("k3", "twin", "k2") at `tokens` cached tokens."""
-        return sum(self.parts(model, tokens).values())
+    def per_token(self, model: str, tokens: int, batch: int = 1) -> float:
+        """Measured seconds of one decode step of `model` ("k3", "twin", "k2") at `tokens` cached tokens for `batch`
+        sequences (at batch 1: the seconds per token)."""
+        return sum(self.parts(model, tokens, batch).values())
 
-    def speedup(self, tokens: int, baseline: str = "twin") -> float:
-        """How many times faster K3 decodes than `baseline`, measured."""
-        return self.per_token(baseline, tokens) / self.per_token("k3", tokens)
+    def speedup(self, tokens: int, baseline: str = "twin", batch: int = 1) -> float:
+        """How many times faster K3 decodes than `baseline`, measured (same batch: the step-time ratio)."""
+        return self.per_token(baseline, tokens, batch) / self.per_token("k3", tokens, batch)
+
+    @property
+    def busy(self) -> float | None:
+        """CPU time / (wall time x threads) over all timed steps: near 1 when the steps had the CPUs to themselves
+        (None where CPU time was not recorded, or on CUDA, where the host waits)."""
+        if self.device != "cpu" or not self.cpu_seconds:
+            return None
+        keys = [k for k in self.cpu_seconds if k in self.seconds]
+        wall = sum(self.seconds[k] for k in keys)
+        return sum(self.cpu_seconds[k] for k in keys) / (wall * max(1, self.machine.threads)) if wall else None
+
+    def distrust(self) -> str | None:
+        """Why this machine was too loaded to trust a ratio (one clause), or None."""
+        if self.device != "cpu":
+            return None
+        if self.load_at_start >= 0 and self.cpus and self.load_at_start >= TOO_LOADED * self.cpus:
+            return f"load average {self.load_at_start:.2f} on {self.cpus} CPUs at start"
+        busy = self.busy
+        if busy is not None and busy < BUSY_ENOUGH:
+            return f"the steps got {busy:.0%} of their threads' CPU time (other processes ran)"
+        return None
 
     def bytes_per_token(self, model: str, tokens: int, element_bytes: int | None = None) -> float:
         e = self.element_bytes if element_bytes is None else element_bytes
@@ -204,6 +239,7 @@ class Measurement:
         d["machine"] = Machine(**d["machine"])
         d["work"] = {k: LayerWork(**v) for k, v in d["work"].items()}
         d["tokens"] = tuple(d["tokens"])
+        d["batches"] = tuple(d.get("batches", (1,)))
         return cls(**d)
 
 
@@ -260,12 +296,49 @@ def parse_tokens(text: str | None, quick: bool) -> tuple[int, ...]:
     return tuple(values)
 
 
-def parse_dtype(name: str | None, device: torch.device) -> str:
-    """float32 (the CPU default: laptop CPUs multiply bf16 slowly) or bfloat16 (the CUDA default)."""
-    name = name or ("bfloat16" if device.type == "cuda" else "float32")
-    if name not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {name!r}.")
-    return name
+def batch_key(key: str, batch: int) -> str:
+    """The `seconds` key of a step at `batch` sequences: batch 1 keeps the plain key ("kda", "mla@8192")."""
+    return key if batch == 1 else f"{key}#{batch}"
+
+
+def parse_batches(text: str | None, quick: bool) -> tuple[int, ...]:
+    """'1,8,64' -> (1, 8, 64): sorted, unique, each 1..1,024 (--quick: at most 64)."""
+    if text is None:
+        return (1,)
+    try:
+        values = sorted({int(v.replace("_", "")) for v in str(text).split(",") if v.strip()})
+    except ValueError:
+        raise ValueError(f"--batch must be comma-separated whole numbers like 1,8,64; got {text!r}.") from None
+    top = QUICK_MAX_BATCH if quick else MAX_BATCH
+    if not values or values[0] < 1 or values[-1] > top:
+        raise ValueError(f"--batch must lie between 1 and {top:,}{' with --quick' if quick else ''}; got {text!r}.")
+    return tuple(values)
+
+
+def cpu_bf16() -> str | None:
+    """The CPU's bf16 instructions ('amx_bf16', 'avx512_bf16'), or None when /proc/cpuinfo lists neither."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        return None
+    found = [f for f in ("amx_bf16", "avx512_bf16", "bf16") if f in flags]
+    return ", ".join(found) or None
+
+
+def parse_dtype(name: str | None, device: torch.device) -> tuple[str, str]:
+    """(dtype, why): bfloat16 on CUDA and on a CPU with bf16 instructions, float32 on a CPU without (where bf16
+    matrix products are emulated and slower than float32); an explicit --dtype wins."""
+    if name is not None:
+        if name not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {name!r}.")
+        return name, "asked for (--dtype)"
+    if device.type == "cuda":
+        return "bfloat16", "CUDA: bf16 tensor cores"
+    bf16 = cpu_bf16()
+    if bf16:
+        return "bfloat16", f"this CPU has bf16 instructions ({bf16})"
+    return "float32", "this CPU lists no bf16 instructions (amx_bf16, avx512_bf16): bf16 would be emulated, slower than float32"
 
 
 def available_bytes(device: torch.device) -> int:
@@ -305,37 +378,39 @@ def mla_bytes_per_token(config: K3Config, element_bytes: int) -> int:
     return config.mla_cache_width * element_bytes + config.mla_heads * (2 * element_bytes + 8)
 
 
-def _sizes(w: L.Widths, tokens: int, element_bytes: int) -> dict[str, int]:
-    """Bytes each measured layer holds while its step runs (the MLA layers with a cache of `tokens`), with 10%
-    slack for temporaries and 400 MB for the runtime itself."""
+def _sizes(w: L.Widths, tokens: int, element_bytes: int, batch: int = 1) -> dict[str, int]:
+    """Bytes each measured layer holds while its step runs (the MLA layers with `batch` caches of `tokens`), with
+    10% slack for temporaries and 400 MB for the runtime itself."""
     sizes = {name: n * element_bytes for name, n in _meta_weights(w).items()}
-    sizes["mla"] += (tokens + 1) * mla_bytes_per_token(w.k3, element_bytes)
-    sizes["k2-mla"] += (tokens + 1) * mla_bytes_per_token(w.k2, element_bytes)
+    sizes["mla"] += batch * (tokens + 1) * mla_bytes_per_token(w.k3, element_bytes)
+    sizes["k2-mla"] += batch * (tokens + 1) * mla_bytes_per_token(w.k2, element_bytes)
     return {name: int(n * 1.1) + (400 << 20) for name, n in sizes.items()}
 
 
-def estimate_peak_bytes(w: L.Widths, tokens: int, element_bytes: int) -> tuple[int, str]:
-    """(bytes, which layer) of the largest thing one run holds at once: one layer, or an MLA layer with its cache."""
-    sizes = _sizes(w, tokens, element_bytes)
+def estimate_peak_bytes(w: L.Widths, tokens: int, element_bytes: int, batch: int = 1) -> tuple[int, str]:
+    """(bytes, which layer) of the largest thing one run holds at once: one layer, or an MLA layer with its caches."""
+    sizes = _sizes(w, tokens, element_bytes, batch)
     what = max(sizes, key=sizes.get)
     return sizes[what], what
 
 
-def check_memory(w: L.Widths, tokens: int, element_bytes: int, dtype: str, available: int) -> None:
-    """Refuse, with the numbers, a run whose largest layer (or MLA cache) would not fit in `available` bytes."""
-    need, what = estimate_peak_bytes(w, tokens, element_bytes)
+def check_memory(w: L.Widths, tokens: int, element_bytes: int, dtype: str, available: int, batch: int = 1) -> None:
+    """Refuse, with the numbers, a run whose largest layer (or MLA caches) would not fit in `available` bytes."""
+    need, what = estimate_peak_bytes(w, tokens, element_bytes, batch)
     if need <= available:
         return
     fixed = {name: n for name, n in _sizes(w, 0, element_bytes).items() if not name.endswith("mla")}
     largest = max(fixed, key=fixed.get)
     if fixed[largest] > available:
         raise ValueError(f"the {largest} layer alone needs about {format_bytes(fixed[largest])} at {dtype} but this "
-                         f"machine has {format_bytes(available)} available; free some memory or use --dtype bfloat16.")
+                         f"machine has {format_bytes(available)} available; free some memory"
+                         + (" or use --dtype bfloat16." if dtype == "float32" else "."))
     per_token = max(1.1 * mla_bytes_per_token(c, element_bytes) for c in (w.k3, w.k2))
-    fit = int((available - _sizes(w, 0, element_bytes)["mla"]) // per_token)
-    raise ValueError(f"measuring {tokens:,} tokens needs about {format_bytes(need)} at {dtype} (the MLA layer with its "
-                     f"latent cache) but this machine has {format_bytes(available)} available; about {max(fit, 0):,} "
-                     "tokens would fit.")
+    fit = int((available - _sizes(w, 0, element_bytes)["mla"]) // (per_token * batch))
+    at = f" at batch {batch}" if batch > 1 else ""
+    raise ValueError(f"measuring {tokens:,} tokens{at} needs about {format_bytes(need)} at {dtype} (the MLA layer with "
+                     f"its latent cache{'s' if batch > 1 else ''}) but this machine has {format_bytes(available)} "
+                     f"available; about {max(fit, 0):,} tokens would fit{at}.")
 
 
 # ---------------------------------------------------------------------------- timing
@@ -346,16 +421,23 @@ def _sync(device: torch.device) -> Callable[[], None]:
 
 def time_step(step: Callable[[], object], repeats: int, warmup: int, sync: Callable[[], None]) -> float:
     """Median wall time of `step` over `repeats` calls, after `warmup` untimed calls."""
+    return time_step_cpu(step, repeats, warmup, sync)[0]
+
+
+def time_step_cpu(step: Callable[[], object], repeats: int, warmup: int,
+                  sync: Callable[[], None]) -> tuple[float, float]:
+    """(median wall time, median CPU time of this process) of `step` over `repeats` calls, after `warmup`."""
     for _ in range(warmup):
         step()
     sync()
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         step()
         sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def probe_machine(device: torch.device, dtype: torch.dtype, copy_values: int, gemm_n: int, repeats: int) -> Machine:
@@ -419,28 +501,43 @@ def _token(config: K3Config, device, dtype, seed: int) -> torch.Tensor:
     return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))).to(device, dtype)
 
 
-def steps_of(tokens: tuple[int, ...]) -> int:
+def steps_of(tokens: tuple[int, ...], batches: tuple[int, ...] = (1,)) -> int:
     """How many items `measure` reports to its progress callback."""
-    return 7 + 2 * len(tokens)
+    return 1 + len(batches) * (6 + 2 * len(tokens)) + 4 * sum(1 for b in batches if b > 1)
+
+
+def _batched(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """x [1, 1, D] repeated to [batch, 1, D] (every sequence decodes a token; values do not change the time)."""
+    return x if batch == 1 else x.expand(batch, -1, -1).contiguous()
 
 
 @torch.no_grad()
 def measure(tokens: tuple[int, ...] | str | None = None, device: str | None = None, dtype: str | None = None,
             quick: bool = False, tiny: bool = False, progress: Callable[[int, int, str], None] | None = None,
-            available: int | None = None) -> Measurement:
+            available: int | None = None, batches: tuple[int, ...] | str | None = None,
+            load: float | None = None) -> Measurement:
     """Measure every layer kind and the machine; see the module docstring. Bad input: one ValueError sentence.
 
     tokens: cache lengths for the MLA layers (a tuple or "1024,8192"); default 1K..1M (quick: 1K..64K).
+    batches: sequences per decode step (a tuple or "1,8,64"; default 1). At batch B every layer steps B tokens; the
+    MoE step is its shell on B tokens (router, latent projections, shared experts) + the routed experts, timed as 16
+    held experts on B k / E_B rows each and scaled to the E_B = N (1 - (1 - k/N)^B) experts B tokens touch.
     tiny: K3's topology at tiny widths (`k3-topo`), for tests and lessons: seconds, numbers mean nothing.
-    progress(done, total, what) is called before each item. available: override the free-memory probe.
+    progress(done, total, what) is called before each item. available: override the free-memory probe; load: the
+    load average at start (default: os.getloadavg()).
     """
     dev = resolve_device(device)
-    dtype = parse_dtype(dtype, dev)
+    dtype, dtype_reason = parse_dtype(dtype, dev)
     tokens = parse_tokens(tokens if tokens is None or isinstance(tokens, str) else ",".join(map(str, tokens)), quick)
+    batches = parse_batches(batches if batches is None or isinstance(batches, str) else ",".join(map(str, batches)),
+                            quick)
     w = L.widths(tiny)
     tdtype = DTYPES[dtype]
     element_bytes = torch.tensor([], dtype=tdtype).element_size()
-    check_memory(w, tokens[-1], element_bytes, dtype, available_bytes(dev) if available is None else available)
+    check_memory(w, tokens[-1], element_bytes, dtype, available_bytes(dev) if available is None else available,
+                 batch=batches[-1])
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
 
@@ -448,8 +545,9 @@ def measure(tokens: tuple[int, ...] | str | None = None, device: str | None = No
     copy_values, gemm_n = ((1 << 20, 256) if tiny else (1 << 28, 8192) if dev.type == "cuda"
                            else (32 << 20, 2048) if quick else (64 << 20, 2048))
     sync = _sync(dev)
-    total, done = steps_of(tokens), 0
+    total, done = steps_of(tokens, batches), 0
     seconds: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     work: dict[str, LayerWork] = {}
     held: dict[str, int] = {}
 
@@ -462,49 +560,83 @@ def measure(tokens: tuple[int, ...] | str | None = None, device: str | None = No
     tick("this machine: copy bandwidth and GEMM FLOP/s")
     machine = probe_machine(dev, tdtype, copy_values, gemm_n, repeats)
 
-    def run(name: str, module: torch.nn.Module, step: Callable[[], object], layer_work: LayerWork) -> None:
-        seconds[name] = time_step(step, repeats, warmup, sync)
-        work[name.partition("@")[0]] = layer_work
+    def timed(key: str, step: Callable[[], object]) -> float:
+        seconds[key], cpu[key] = time_step_cpu(step, repeats, warmup, sync)
+        return seconds[key]
+
+    def run(name: str, module: torch.nn.Module, step: Callable[[], object], layer_work: LayerWork, batch: int) -> None:
+        timed(batch_key(name, batch), step)
+        work.setdefault(name.partition("@")[0], layer_work)
         held.setdefault(name.partition("@")[0], L.tensor_bytes(module))
 
     for prefix, c in (("", w.k3), ("k2-", w.k2)):
-        x = _token(c, dev, tdtype, seed=1)
+        x1 = _token(c, dev, tdtype, seed=1)
         if not prefix:
-            tick("KDA layer")
             kda = L.build_kda(c, dev, tdtype)
             H, K = c.kda_heads, c.kda_head_dim
-            state = KDAState(torch.zeros(1, H, K, K, device=dev),
-                             torch.zeros(1, c.kda_conv_kernel - 1, 3 * H * K, device=dev, dtype=tdtype))
-            run("kda", kda, lambda: kda(x, state), kda_work(kda))
-            del kda, state
+            for b in batches:
+                tick(f"KDA layer, batch {b}")
+                x = _batched(x1, b)
+                state = KDAState(torch.zeros(b, H, K, K, device=dev),
+                                 torch.zeros(b, c.kda_conv_kernel - 1, 3 * H * K, device=dev, dtype=tdtype))
+                run("kda", kda, lambda: kda(x, state), kda_work(kda), b)
+                del state
+            del kda
             _free(dev, not tiny)
 
         mla = L.build_mla(c, dev, tdtype, gated=not prefix)
-        for t in tokens:
-            tick(f"{prefix}MLA layer at {t:,} tokens")
-            kv = L.latent_cache(c, t, dev, tdtype)
-            run(f"{prefix}mla@{t}", mla, lambda: L.absorbed_mla_step(mla, x, kv, t), mla_work(mla))
-            del kv
-            _free(dev, not tiny)
+        for b in batches:
+            x = _batched(x1, b)
+            for t in tokens:
+                tick(f"{prefix}MLA layer at {t:,} tokens, batch {b}")
+                kv = L.latent_cache(c, t, dev, tdtype)
+                kv = kv if b == 1 else kv.expand(b, -1, -1).contiguous()
+                run(f"{prefix}mla@{t}", mla, lambda: L.absorbed_mla_step(mla, x, kv, t), mla_work(mla), b)
+                del kv
+                _free(dev, not tiny)
         del mla
         _free(dev, not tiny)
 
-        tick(f"{prefix}MoE layer (touched experts only)")
-        moe = L.TouchedMoE.random(c, x, dev, tdtype, latent=not prefix)
-        run(f"{prefix}moe", moe, lambda: moe(x), matvec_work(moe))
+        moe = L.TouchedMoE.random(c, x1, dev, tdtype, latent=not prefix)
+        n_held, width = moe.w1.shape[0], moe.w1.shape[2]
+        for b in batches:
+            tick(f"{prefix}MoE layer (touched experts only), batch {b}")
+            if b == 1:
+                run(f"{prefix}moe", moe, lambda: moe(x1), matvec_work(moe), 1)
+                continue
+            x = _batched(x1, b)
+            shell = timed(f"{prefix}moe-shell#{b}", lambda: L.moe_shell_step(moe, x))
+            r = L.rows_per_expert(c, b)
+            lo = max(1, math.floor(r))
+            gemm = {}
+            for m in (lo, lo + 1):
+                tick(f"{prefix}MoE experts, {m} rows each, batch {b}")
+                rows = torch.ones(n_held, width, m, device=dev, dtype=tdtype)
+                gemm[m] = timed(f"{prefix}moe-experts{m}#{b}", lambda: L.moe_expert_step(moe, rows))
+            per_group = gemm[lo] + (r - lo) * (gemm[lo + 1] - gemm[lo])        # n_held experts at r rows each
+            touched = expected_experts_touched(c.num_experts, c.top_k, b)
+            key = batch_key(f"{prefix}moe", b)
+            seconds[key] = shell + touched / n_held * per_group
+            cpu[key] = cpu[f"{prefix}moe-shell#{b}"] + touched / n_held * (
+                cpu[f"{prefix}moe-experts{lo}#{b}"] + (r - lo) * (cpu[f"{prefix}moe-experts{lo + 1}#{b}"]
+                                                                   - cpu[f"{prefix}moe-experts{lo}#{b}"]))
         del moe
         _free(dev, not tiny)
 
-        tick(f"{prefix}dense MLP")
         dense = L.build_dense(c, dev, tdtype)
-        run(f"{prefix}dense", dense, lambda: dense(x), matvec_work(dense))
+        for b in batches:
+            tick(f"{prefix}dense MLP, batch {b}")
+            x = _batched(x1, b)
+            run(f"{prefix}dense", dense, lambda: dense(x), matvec_work(dense), b)
         del dense
         _free(dev, not tiny)
 
         if not prefix:
-            tick("final norm + LM head")
             head = L.build_head(c, dev, tdtype)
-            run("head", head, lambda: head(x), matvec_work(head))
+            for b in batches:
+                tick(f"final norm + LM head, batch {b}")
+                x = _batched(x1, b)
+                run("head", head, lambda: head(x), matvec_work(head), b)
             del head
             _free(dev, not tiny)
 
@@ -515,4 +647,5 @@ def measure(tokens: tuple[int, ...] | str | None = None, device: str | None = No
         repeats=repeats, warmup=warmup, machine=machine, work=work, seconds=seconds, schedules=schedules(w),
         held_bytes=held, moe_full_bytes=int(full_moe), peak_bytes=_peak_bytes(dev),
         torch_version=torch.__version__, created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        batches=batches, cpu_seconds=cpu, load_at_start=float(load), cpus=os.cpu_count() or 0, dtype_reason=dtype_reason,
     )

@@ -39,14 +39,10 @@ def kimi_linear_tpot_speedup() -> float:
 
 
 def cost_model_speedup(tokens: int) -> float:
-    """sim.costs' decode-time model (K3 release format, 64 H200-class GPUs, batch 1): twin / K3."""
-    from tiny_k3 import K3Config
+    """sim.serving's roofline (release format, the full 64-GPU deployment, batch 1): K3's speed over its twin's."""
+    from ..serving import FULL, serve
 
-    from ..costs import decode_step_time, serving_model
-
-    k3 = K3Config.preset("k3")
-    return (decode_step_time(serving_model(k3, kv_config=k3.twin()), 1, tokens)
-            / decode_step_time(serving_model(k3), 1, tokens))
+    return serve("twin", FULL, 1, tokens).step_s / serve("K3", FULL, 1, tokens).step_s
 
 
 def layer_ceiling(m: Measurement) -> float:
@@ -55,9 +51,28 @@ def layer_ceiling(m: Measurement) -> float:
 
 
 def last_line(m: Measurement) -> str:
+    """The CLI's last line (batch 1): the measured speed-up, or why the machine was too loaded to give one."""
     n = m.tokens[-1]
+    why = m.distrust()
+    if why:
+        return (f"measured on {m.device}: too loaded to trust a ratio ({why}); rerun on a quiet machine "
+                f"(reported: up to {REPORTED_SPEEDUP:g}x)")
     return (f"measured on {m.device}: K3 decodes {m.speedup(n):.2f}x faster than its all-MLA twin at {n:,} tokens "
             f"(bandwidth model: {m.bandwidth_speedup(n):.2f}x; reported: up to {REPORTED_SPEEDUP:g}x)")
+
+
+def batch_line(m: Measurement, batch: int) -> str:
+    """One line per measured batch: K3's speed over its twin at the longest cache, beside sim.serving's figure."""
+    from ..serving import FULL, serve
+
+    n = m.tokens[-1]
+    why = m.distrust()
+    model = serve("twin", FULL, batch, n).step_s / serve("K3", FULL, batch, n).step_s if m.widths == "k3" else None
+    beside = f"sim.serving at batch {batch}, {FULL}: {model:.2f}x" if model else "tiny widths: no serving figure"
+    if why:
+        return f"batch {batch}: too loaded to trust a ratio ({why}); {beside}"
+    return (f"batch {batch}: K3 decodes {m.speedup(n, batch=batch):.2f}x faster than its all-MLA twin at {n:,} tokens, "
+            f"{m.speedup(n, 'k2', batch):.2f}x K2-shaped (measured on {m.device}, {m.dtype}; {beside})")
 
 
 def _against_ridge(ratio: float) -> str:
@@ -78,6 +93,8 @@ def saved_line(path=None) -> str | None:
     if m is None or m.widths != "k3":
         return None
     n = m.tokens[-1]
+    if m.distrust():
+        return f"measured on this machine ({m.device}, {m.dtype}): too loaded to trust a ratio ({m.distrust()})"
     return (f"measured on this machine ({m.device}, {m.dtype}): K3 decodes {m.speedup(n):.2f}x faster than its all-MLA "
             f"twin at {n:,} tokens (bandwidth model {m.bandwidth_speedup(n):.2f}x; python -m sim measure)")
 
@@ -110,17 +127,19 @@ def reading(m: Measurement) -> list[str]:
         lines.append(f"A KDA layer holds {m.work['kda'].weights / 1e6:,.0f}M weights, an MLA layer "
                      f"{m.work['mla'].weights / 1e6:,.0f}M: at short context K3 moves more bytes per token than its twin, "
                      f"and the twin's {m.schedules['twin']['mla'] - m.schedules['k3']['mla']} extra latent caches outweigh that only from about "
-                     f"{(k3_bytes[0] - twin_bytes[0]) / grow:,.0f} cached tokens (bandwidth model, {m.dtype}).")
+                     f"{(k3_bytes[0] - twin_bytes[0]) / grow:,.0f} cached tokens (the bytes of these measured layers, every "
+                     f"weight in {m.dtype}: not the project's crossover, which `python -m sim costs` gives for the "
+                     "release format).")
     rest = [k for k in m.schedules["k3"] if not m.work[k].cache_width]
     rest_bytes = sum(m.schedules["k3"][k] * m.work[k].bytes_at(0, m.element_bytes) for k in rest)
     rest_frac = rest_bytes / sum(m.schedules["k3"][k] * m.seconds[k] for k in rest) / m.machine.bandwidth
     measured, model = m.speedup(n), m.bandwidth_speedup(n)
-    if abs(measured / model - 1) > 0.05:
+    if abs(measured / model - 1) > 0.05 and m.distrust() is None:
         slower = "MLA ran slower per byte here" if bw < rest_frac else "the other layers ran slower per byte here"
-        lines.append(f"Measured {measured:.2f}x vs bandwidth model {model:.2f}x: the MLA step at {n:,} reached {bw:.0%} of "
+        lines.append(f"Measured {measured:.2f}x vs {model:.2f}x from these layers' bytes: the MLA step at {n:,} reached {bw:.0%} of "
                      f"the copy bandwidth, K3's other layers {rest_frac:.0%} together: {slower}, and the twin has "
                      f"{m.schedules['twin']['mla']} MLA layers to K3's {m.schedules['k3']['mla']}.")
-    over = max(m.fractions(k)[0] for k in m.seconds)
+    over = max(m.fractions(k)[0] for k in m.seconds if "#" not in k)
     if over > 1:
         lines.append(f"Some steps moved bytes faster than the copy probe did ({over:.0%} of it): the machine was busier "
                      "while the probe ran than during those steps. Under contention read the ratios (one run), not the "
@@ -135,6 +154,17 @@ def report(m: Measurement, console: Console) -> None:
     console.rule(f"[bold]K3 decode, measured[/] ({m.widths} widths, random weights, one layer at a time)")
     console.print(f"device {m.device}: {m.device_name} · {m.dtype} · torch {m.torch_version} · {m.machine.threads} "
                   f"threads · median of {m.repeats} after {m.warmup} warm-up · {m.created}", highlight=False)
+    load = (f"load average {m.load_at_start:.2f} on {m.cpus} CPUs at start" if m.load_at_start >= 0
+            else "load at start not recorded")
+    busy = m.busy
+    console.print(f"{m.dtype}: {m.dtype_reason or 'not recorded'} · {load} · "
+                  + (f"CPU time / (wall time x threads) over the steps: {busy:.0%}" if busy is not None
+                     else "CPU time not recorded" if m.device == "cpu" else "CUDA: wall time (the host waits)"),
+                  highlight=False)
+    why = m.distrust()
+    if why:
+        console.print(f"[bold red]too loaded to trust:[/] {why}; the tables show what was timed, the lines below give "
+                      "no ratio.", highlight=False)
     console.print(f"this machine: copy {m.machine.bandwidth / 1e9:.1f} GB/s (read + write), GEMM "
                   f"{m.machine.flops / 1e9:.1f} GFLOP/s in {m.dtype}, ridge {m.machine.ridge:.1f} FLOP/B", highlight=False)
 
@@ -163,15 +193,20 @@ def report(m: Measurement, console: Console) -> None:
     t = Table(title=f"per-token decode time, composed by the schedules ({unit})", title_justify="left")
     for col in ("cached T", "K3", "twin", "K2-shaped", "twin/K3", "bandwidth model", "K2/K3", "bandwidth model "):
         t.add_column(col, justify="right")
+    untrusted = m.distrust() is not None          # a loaded machine: the times are shown, no measured ratio
     for n in m.tokens:
-        t.add_row(f"{n:,}", *(f"{scale * m.per_token(k, n):.1f}" for k in MODELS), f"{m.speedup(n):.2f}x",
-                  f"{m.bandwidth_speedup(n):.2f}x", f"{m.speedup(n, 'k2'):.2f}x", f"{m.bandwidth_speedup(n, 'k2'):.2f}x")
+        t.add_row(f"{n:,}", *(f"{scale * m.per_token(k, n):.1f}" for k in MODELS),
+                  "too loaded" if untrusted else f"{m.speedup(n):.2f}x", f"{m.bandwidth_speedup(n):.2f}x",
+                  "too loaded" if untrusted else f"{m.speedup(n, 'k2'):.2f}x", f"{m.bandwidth_speedup(n, 'k2'):.2f}x")
     console.print(t)
+    if len(m.batches) > 1:
+        batch_tables(m, console)
     schedule = " + ".join(f"{n} {layer}" for layer, n in m.schedules["k3"].items())
     console.print(f"K3 = {schedule}; twin = {' + '.join(f'{n} {k}' for k, n in m.schedules['twin'].items())}; "
                   f"K2-shaped = {' + '.join(f'{n} {k}' for k, n in m.schedules['k2'].items())}", highlight=False)
 
-    t = Table(title="roofline prediction of the same steps: each layer at max(bytes/BW, FLOPs/peak), bf16",
+    t = Table(title="the measured layers on a GPU roofline: each at max(bytes/BW, FLOPs/peak), every weight bf16, batch 1 "
+                    "(the serving table, release format and deployments: python -m sim costs)",
               title_justify="left")
     for col in ("", "bandwidth", "FLOP/s", "ridge", *(f"twin/K3 {n:,}" for n in m.tokens), f"K2/K3 {m.tokens[-1]:,}"):
         t.add_column(col, justify="left" if not col else "right")
@@ -181,12 +216,14 @@ def report(m: Measurement, console: Console) -> None:
         t.add_row(name, _rate(bw, "B/s"), _rate(fl, "FLOP/s"), f"{fl / bw:.0f}",
                   *(f"{m.roofline_speedup(n, bw, fl, element_bytes=e):.2f}x" for n in m.tokens),
                   f"{m.roofline_speedup(m.tokens[-1], bw, fl, 'k2', element_bytes=e):.2f}x")
-    t.add_row("measured here", "", "", "", *(f"{m.speedup(n):.2f}x" for n in m.tokens), f"{m.speedup(m.tokens[-1], 'k2'):.2f}x")
+    if not untrusted:
+        t.add_row("measured here", "", "", "", *(f"{m.speedup(n):.2f}x" for n in m.tokens),
+                  f"{m.speedup(m.tokens[-1], 'k2'):.2f}x")
     console.print(t)
     n = m.tokens[-1]
     console.print(f"reported: up to {REPORTED_SPEEDUP:g}x (Moonshot, k3_facts.md S14), which is Kimi Linear's TPOT at 1M: "
                   f"{kimi_linear_tpot_speedup():.2f}x (S16, S34) · layer-count ceiling {layer_ceiling(m):.2f}x · "
-                  f"sim.costs bandwidth model (release format, 64 GPUs, batch 1) at {n:,}: {cost_model_speedup(n):.2f}x",
+                  f"sim.serving roofline (release format, 64xH200, batch 1) at {n:,}: {cost_model_speedup(n):.2f}x",
                   highlight=False)
     console.print("GPU data: docs/accelerators.md; the GPU rows are per-layer rooflines composed as if one GPU held the "
                   "layers (the ratios do not depend on how many share the work).", highlight=False)
@@ -197,6 +234,36 @@ def report(m: Measurement, console: Console) -> None:
                   f"{format_bytes(max(m.held_bytes.values()))}", highlight=False)
 
 
+def batch_tables(m: Measurement, console: Console) -> None:
+    """Each layer kind at each batch (wall and CPU ms per step), then the composed step per batch."""
+    t = Table(title="one decode step of each layer kind per batch: wall ms / CPU ms (MoE: shell + experts touched)",
+              title_justify="left")
+    t.add_column("layer")
+    for b in m.batches:
+        t.add_column(f"B={b}", justify="right")
+    n = m.tokens[-1]
+    for layer in ORDER:
+        if layer not in m.work:
+            continue
+        key = f"{layer}@{n}" if m.work[layer].cache_width else layer
+        cells = []
+        for b in m.batches:
+            k = key if b == 1 else f"{key}#{b}"
+            wall, cpu = m.seconds.get(k), m.cpu_seconds.get(k)
+            cells.append("-" if wall is None else f"{1e3 * wall:.2f} / {1e3 * cpu:.2f}" if cpu is not None
+                         else f"{1e3 * wall:.2f}")
+        t.add_row(LABELS[layer] + (f" @{n:,}" if m.work[layer].cache_width else ""), *cells)
+    console.print(t)
+    t = Table(title=f"one decode step per batch at {n:,} cached tokens, composed by the schedules (ms)",
+              title_justify="left")
+    for col in ("batch", "K3", "twin", "K2-shaped", "K3 tok/s", "twin tok/s"):
+        t.add_column(col, justify="right")
+    for b in m.batches:
+        k3, twin, k2 = (m.per_token(x, n, b) for x in MODELS)
+        t.add_row(str(b), f"{1e3 * k3:.1f}", f"{1e3 * twin:.1f}", f"{1e3 * k2:.1f}", f"{b / k3:.2f}", f"{b / twin:.2f}")
+    console.print(t)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sim measure",
                                 description="Time one real-width K3 layer of each kind and compose K3, its all-MLA "
@@ -204,7 +271,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", default=None, help="cached tokens for the MLA layers, e.g. 1024,8192,65536 "
                                                   "(default 1024 to 1048576; --quick: to 65536)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: $TINY_K3_DEVICE, else cpu)")
-    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bfloat16 on CUDA and on a CPU with bf16 "
+                                                 "instructions, else float32)")
+    p.add_argument("--batch", default=None, help="sequences per decode step, e.g. 1,8,64 (default 1; --quick: at most 64)")
     p.add_argument("--quick", action="store_true", help="at most 65,536 tokens and 3 repeats: a few minutes on 2 cores")
     p.add_argument("--tiny", action="store_true", help="K3's topology at tiny widths: seconds; for tests, not numbers")
     p.add_argument("--save", nargs="?", const="", default=None, metavar="PATH",
@@ -227,12 +296,14 @@ def main_measure(argv: list[str], console: Console | None = None) -> int:
                 bar.update(task, completed=done, description=what)
 
             m = measure(args.tokens, device=args.device, dtype=args.dtype, quick=args.quick, tiny=args.tiny,
-                        progress=progress)
+                        progress=progress, batches=args.batch)
     except ValueError as exc:        # bad tokens, device, dtype, or too little memory: one sentence each
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
     report(m, console)
     if args.save is not None:
         console.print(f"saved to {save(m, args.save or None)}", highlight=False)
+    for b in m.batches:
+        console.print(batch_line(m, b), highlight=False, soft_wrap=True)
     console.print(last_line(m), highlight=False, soft_wrap=True)
     return 0
