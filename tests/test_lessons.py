@@ -388,6 +388,13 @@ def test_lesson7_facts(executed):
     assert all(0.0 <= v <= 1.0 for v in p.values()) and f["reset_kl"] >= 0 and f["window_kl"] >= 0, p
     # the printed reading of the two KLs
     assert f["memory_in_kda"] == (f["reset_kl"] > 10 * f["window_kl"]), f
+    # "at many pairs the MLA layers carry recall" only where blinding them costs >= 20 points at 26 pairs
+    # and <= 5 at 2; the drop is intact minus MLA blind
+    many, drop = f["many_pairs"], f["mla_blind_drop"]
+    for n in ("2", "26"):
+        assert abs(drop[n] - (many["intact"][n] - many["MLA blind"][n])) < 1e-12, (n, drop, many)
+        assert all(0.0 <= many[cut][n] <= 1.0 for cut in many), many
+    assert f["mla_carries_many_pairs"] == (drop["26"] >= 0.2 and drop["2"] <= 0.05), f
     if f["kda_only_present"]:
         assert 0.0 <= f["kda_only_p"]["reset KDA"] <= 1.0 and f["kda_only_reset_kl"] >= 0, f
     # "one expert of 896 hardly matters": the ablation moves the loss by well under 1%, and it is never chosen
