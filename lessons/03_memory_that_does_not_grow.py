@@ -394,35 +394,29 @@ plt.tight_layout(); plt.show()
 # invisible to attention, so each line scores as it would alone.
 
 # %%
-from tiny_k3.recall import make_probes, probe_correct  # noqa: E402
+from tiny_k3.recall import make_probes, recall_hits, wilson_interval  # noqa: E402
 from tiny_k3.weights import available_pretrained  # noqa: E402
 from workshop import load_model  # noqa: E402
 
 MODELS = {"small": "K3 hybrid", "small-twin": "all MLA", "small-kda": "all KDA"}
 MODELS = {name: what for name, what in MODELS.items() if name in available_pretrained()}
-PAIRS, FILLER, CHANCE = (1, 2, 4, 8, 16), 16, 0.1
-probes = {p: make_probes(max(8, 16 // p), p, FILLER, seed=300 + p) for p in PAIRS}   # >= 16 answers per point
+PAIRS, FILLER, CHANCE = (1, 2, 4, 8, 16, 26), 16, 0.1
+probes = {p: make_probes(max(6, -(-48 // p)), p, FILLER, seed=300 + p) for p in PAIRS}   # >= 48 answers per point
 
 
-@torch.no_grad()
 def recall_of(model, lines):
-    """Exact recall over recall lines (tiny_k3.recall.Probe), all in one left-padded forward pass."""
-    T = max(len(p.tokens) for p in lines)
-    tokens = torch.zeros(len(lines), T, dtype=torch.long)
-    real = torch.zeros(len(lines), T, dtype=torch.bool)
-    for row, p in enumerate(lines):
-        tokens[row, T - len(p.tokens):], real[row, T - len(p.tokens):] = p.tokens, True
-    logits, _ = model(tokens, attention_mask=real)
-    hits = [probe_correct(logits[row, T - len(p.tokens):], p) for row, p in enumerate(lines)]
-    return torch.cat(hits).float().mean().item()
+    """(exact recall, its Wilson 95 % interval) over recall lines, all in one left-padded forward pass
+    (tiny_k3.recall.recall_hits)."""
+    hits, answers = recall_hits(model, lines, batch=len(lines))
+    return hits / answers, wilson_interval(hits, answers)
 
 
 # %%
-recall, held, layers = {}, {}, {}     # layers: [KDA, MLA] counts
+recall, interval, held, layers = {}, {}, {}, {}     # layers: [KDA, MLA] counts
 for name in MODELS:
     model_r, _ = load_model(name)
     model_r.eval()
-    recall[name] = [recall_of(model_r, probes[p]) for p in PAIRS]
+    recall[name], interval[name] = map(list, zip(*(recall_of(model_r, probes[p]) for p in PAIRS)))
     held[name] = [int(np.mean([sum(cache_bytes(model_r.config, ln.query_start)) for ln in probes[p]])) for p in PAIRS]
     line = probes[PAIRS[-1]][0]
     with torch.no_grad():
@@ -431,20 +425,25 @@ for name in MODELS:
     layers[name] = [len(model_r.config.kda_layers), len(model_r.config.mla_layers)]
     print(f"{name}: {layers[name][0]} KDA + {layers[name][1]} MLA layers, "
           f"{sum(len(lines) for lines in probes.values())} recall lines scored")
-facts.update(recall=recall, held=held, pairs=list(PAIRS), recall_models=list(MODELS), recall_layers=layers)
+facts.update(recall=recall, recall_interval=interval, held=held, pairs=list(PAIRS), recall_models=list(MODELS),
+             recall_layers=layers, recall_answers=[len(probes[p]) * p for p in PAIRS])
 
 # %%
 print(f"exact recall, {FILLER} tokens of filler ({', '.join(f'{len(probes[p])}' for p in PAIRS)} lines per point; "
-      f"chance {CHANCE:.0%}), and the decode cache at the first query (mean over the lines; live cache == formula):")
-print(f"{'pairs':24s}" + "".join(f"{p:>9d}" for p in PAIRS))
+      f"chance {CHANCE:.0%}) with its Wilson 95 % interval, and the decode cache at the first query (mean over the "
+      "lines; live cache == formula):")
+print(f"{'pairs':24s}" + "".join(f"{p:>13d}" for p in PAIRS))
+print(f"{'  answers scored':24s}" + "".join(f"{n:>13d}" for n in facts["recall_answers"]))
 for name, what in MODELS.items():
-    print(f"{name + ' (' + what + ')':24s}" + "".join(f"{a:>9.0%}" for a in recall[name]))
-    print(f"{'  cache at the query':24s}" + "".join(f"{format_bytes(b):>9s}" for b in held[name]))
+    print(f"{name + ' (' + what + ')':24s}" + "".join(
+        f"{f'{a:.0%} [{100 * lo:.0f},{100 * hi:.0f}]':>13s}" for a, (lo, hi) in zip(recall[name], interval[name])))
+    print(f"{'  cache at the query':24s}" + "".join(f"{format_bytes(b):>13s}" for b in held[name]))
 
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.4))
 for (name, what), style in zip(MODELS.items(), ("k-o", "--s", ":^")):
     a1.plot(PAIRS, [100 * a for a in recall[name]], style, lw=2, ms=7, label=f"{name} ({what})")
+    a1.fill_between(PAIRS, [100 * lo for lo, _ in interval[name]], [100 * hi for _, hi in interval[name]], alpha=0.15)
     a2.plot(PAIRS, [b / 1000 for b in held[name]], style, lw=2, ms=7, label=f"{name} ({what})")
 a1.axhline(100 * CHANCE, color="grey", lw=1, ls=":", label="chance (10 %)")
 a1.set_ylim(0, 105), a1.set_ylabel("values recalled exactly (%)"), a1.set_title("in-context recall")
@@ -492,7 +491,7 @@ if "small" in MODELS and "small-kda" in MODELS:
         f"ahead at {' and '.join(', '.join(map(str, ahead)).rsplit(', ', 1))} pair{'s' * (ahead != [1])}" if ahead else
         f"behind or level at every pair count: in this training run its {facts['recall_layers']['small'][1]} MLA "
         f"layers did not make up for the KDA layers they replace"))
-print("• bytes from 1 to 16 pairs: " + ", ".join(
+print(f"• bytes from {PAIRS[0]} to {PAIRS[-1]} pairs: " + ", ".join(
     f"{n} {'+' + format_bytes(g) if g else 'unchanged (a fixed state)'}" for n, g in grows.items()))
 if "small-kda" in MODELS and "small-twin" in MODELS:
     cheaper = [p for p, t, k in zip(PAIRS, held["small-twin"], held["small-kda"]) if t < k]

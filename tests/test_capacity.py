@@ -81,3 +81,4 @@ def test_bad_arguments_say_what_is_allowed():
         decay_row(8, 1.5)
     with pytest.raises(ValueError, match="orthogonal keys"):
         decay_row(8, 0.9, distances=(0, 8))
+

@@ -285,6 +285,9 @@ def test_lesson3_facts(executed):
     # section 7: recall against cache bytes, for whichever of the three checkpoints ship
     recall, held, pairs, layers = f["recall"], f["held"], f["pairs"], f["recall_layers"]
     assert "small" in recall and pairs == sorted(pairs) and len(pairs) >= 4, f
+    assert min(f["recall_answers"]) >= 48, "each point scores at least 48 answers"
+    for name, r in recall.items():     # "[low,high]": a Wilson interval around each point
+        assert all(lo <= a <= hi and hi - lo < 0.5 for a, (lo, hi) in zip(r, f["recall_interval"][name])), name
     for name, r in recall.items():
         assert len(r) == len(held[name]) == len(pairs) and all(0.0 <= a <= 1.0 for a in r), (name, r)
         assert f["recall_story"][name] == _recall_kind(r), (name, r, f["recall_story"])

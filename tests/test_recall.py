@@ -111,3 +111,17 @@ def test_hiding_definitions_equals_an_attention_mask_and_reset_zeroes_kda_states
     attn = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v)
     gate = torch.sigmoid(mla.g_proj(x)).view(1, 1, mla.heads, mla.v_dim)
     assert torch.allclose(y_kept, mla.o_proj((attn * gate).reshape(1, 1, -1)), atol=1e-12)
+
+
+def test_wilson_interval_matches_the_formula_and_contains_the_share():
+    from tiny_k3.recall import wilson_interval
+    low, high = wilson_interval(8, 10)
+    # Wilson (1927) at z = 1.96, worked by hand: centre 0.7171, half-width 0.2288
+    assert abs(low - 0.4902) < 1e-3 and abs(high - 0.9433) < 1e-3, (low, high)
+    for n in (1, 7, 48, 208):
+        for hits in range(n + 1):
+            lo, hi = wilson_interval(hits, n)
+            assert 0.0 <= lo <= hits / n <= hi <= 1.0, (hits, n, lo, hi)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+    with pytest.raises(ValueError, match="0 <= hits <= n"):
+        wilson_interval(11, 10)

@@ -63,7 +63,9 @@ def wilson_interval(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     p = hits / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    # at hits = 0 (or n) the bound is 0 (or 1) exactly; rounding must not leave it a hair inside
+    return (0.0 if hits == 0 else low), (1.0 if hits == n else high)
 
 
 @torch.no_grad()
