@@ -1,7 +1,7 @@
 """Does the memory work? The exact capacity of one state, then in-context recall of the three trained models.
 
     python bench/bench_recall.py [--probes 100] [--threads 1] [--seed 0] [--sections capacity,sums,pairs,distance,where]
-                                 [--checkpoint small-twin=runs/x/small-twin.safetensors ...]
+                                 [--models small,small-twin,small-kda] [--checkpoint small-twin=runs/x/small-twin.safetensors]
 
 0. the retrieval cliff, no training (tiny_k3.capacity): N key -> value pairs written into one K x V delta-rule
    state and read back, beside softmax attention over the same keys, K = 8..64, in float64, with the state
@@ -74,12 +74,12 @@ def cache_bytes_at_query(model: TinyK3, probes) -> int:
     return round(sum(sizes) / len(sizes))
 
 
-def row(label: str, cells: list[str], width: int = 13) -> str:
+def row(label: str, cells: list[str], width: int = 15) -> str:
     return f"{label:<16}" + "".join(f"{c:>{width}}" for c in cells)
 
 
-def load_models(checkpoints: list[str]) -> dict[str, TinyK3]:
-    """The shipped three, each replaced by a checkpoint file where --checkpoint NAME=PATH says so."""
+def load_models(checkpoints: list[str], names: list[str]) -> dict[str, TinyK3]:
+    """The shipped models `names`, each replaced by a checkpoint file where --checkpoint NAME=PATH says so."""
     from tiny_k3.train import load_checkpoint
 
     paths = dict(spec.split("=", 1) for spec in checkpoints)
@@ -87,7 +87,7 @@ def load_models(checkpoints: list[str]) -> dict[str, TinyK3]:
     if unknown:
         raise SystemExit(f"--checkpoint names must be among {', '.join(MODELS)}, got {', '.join(sorted(unknown))}.")
     return {name: (load_checkpoint(paths[name]) if name in paths else TinyK3.from_pretrained(name)).eval()
-            for name in MODELS}
+            for name in names}
 
 
 def capacity_section() -> None:
@@ -107,12 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="base seed of the probe lines")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"a comma list from {', '.join(SECTIONS)}")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"a comma list from {', '.join(MODELS)}")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=PATH",
                         help="measure this checkpoint file in place of a shipped model (e.g. an experiment in runs/)")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
     if set(sections) - set(SECTIONS):
         parser.error(f"--sections must be a comma list from {', '.join(SECTIONS)}, got {args.sections!r}.")
+    names = args.models.split(",")
+    if set(names) - set(MODELS):
+        parser.error(f"--models must be a comma list from {', '.join(MODELS)}, got {args.models!r}.")
+    if "where" in sections and not {"small", "small-kda"} <= set(names):
+        parser.error("--sections where needs small and small-kda among --models.")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.probes} probes per cell, "
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if "capacity" in sections:
         capacity_section()
-    models = load_models(args.checkpoint) if set(sections) - {"capacity"} else {}
+    models = load_models(args.checkpoint, names) if set(sections) - {"capacity"} else {}
     seed, n = args.seed, args.probes
 
     if "sums" in sections:
