@@ -3,6 +3,7 @@
     python -m sim --preset small --prompt "k=4; m=7; a red box. | m=" --steps 16 --layer 3
     python -m sim costs          # K3's serving figures and the corrections, with their sources
     python -m sim measure --quick  # one real-width layer of each kind timed here, composed into K3 and its twin
+    python -m sim real DIR --prompt "Hi" --tokens 4   # a released-format checkpoint, streamed layer by layer
 
 Prints one row per token (the token fed in and the one chosen next, the experts chosen in --layer, the
 KDA state norm of --kda-layer, the decode-cache bytes of the hybrid and of its all-MLA twin), then the
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     if argv[:1] == ["costs"]:
         main_costs(console)
         return 0
+    if argv[:1] == ["real"]:             # a released-format checkpoint streamed from disk (sim/real.py)
+        from .real import main_real
+
+        return main_real(argv[1:], console)
     if argv[:1] == ["measure"]:
         from .measure import main_measure
 

@@ -472,3 +472,75 @@ def write_k3_table(index_path) -> Path:
                                   f"{table['total_size']:,}: the layout in tiny_k3.released is wrong somewhere.")
     K3_TABLE.write_text(table_json(table))
     return K3_TABLE
+
+
+# ---------------------------------------------------------------------------- writing a checkpoint (tests, lessons)
+def released_state(model) -> dict[str, "torch.Tensor"]:
+    """A TinyK3's weights as the released layout stores them (every tensor of `released_tensors`): the inverse of
+    the mapping, with each routed expert MXFP4-encoded (tiny_k3.mxfp4.encode) and A_log zero-padded."""
+    import torch
+
+    from ..mxfp4 import encode
+
+    config = model.config
+    state = model.state_dict()
+    out = {}
+    encoded: dict[tuple[str, int], tuple] = {}
+    for name, spec in released_tensors(config).items():
+        target = target_of(name)
+        t = state[target.tiny].detach().cpu()
+        if target.how in ("packed", "scale"):
+            key = (target.tiny, target.expert)
+            if key not in encoded:
+                encoded[key] = encode(t[target.expert])
+            t = encoded[key][0 if target.how == "packed" else 1]
+        elif target.how == "row":
+            t = t.reshape(1, -1)
+        elif target.how == "pad":
+            t = torch.cat([t, t.new_zeros(spec.shape[0] - t.shape[0])])
+        dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                 "U8": torch.uint8}[spec.dtype]
+        out[name] = t.to(dtype).contiguous()
+        if tuple(out[name].shape) != spec.shape:
+            raise ReleasedFormatError(f"{name}: made {list(out[name].shape)}, the layout says {list(spec.shape)}.")
+    return out
+
+
+def mxfp4_rounded(model) -> None:
+    """Round `model`'s routed experts to MXFP4 in place (decode(encode(w))): the weights a checkpoint written by
+    `write_checkpoint` holds, so a TinyK3 and the stream over that checkpoint compute with the same numbers."""
+    import torch
+
+    from ..mxfp4 import round_to_mxfp4
+
+    with torch.no_grad():
+        for moe in model.moe_layers():
+            for w in (moe.w1, moe.w2, moe.w3):
+                w.copy_(round_to_mxfp4(w))
+
+
+def write_checkpoint(model, folder) -> Path:
+    """Write `model` (a TinyK3 of K3's layout) as a released-format folder: config.json (`config_json_for`), one
+    safetensors shard per layer plus one for the embedding and head (the release keeps a layer in one shard),
+    and model.safetensors.index.json with its total_size. For synthetic checkpoints: tests and lessons."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    (folder / "config.json").write_text(json.dumps(config_json_for(config), indent=2) + "\n")
+    tensors = released_state(model)
+    n = config.num_layers + 1
+    groups: dict[str, dict] = {}
+    for name, t in tensors.items():
+        m = _LAYER_RE.fullmatch(name)
+        shard = f"model-{(int(m.group(1)) + 1 if m else n):05d}-of-{n:05d}.safetensors"
+        groups.setdefault(shard, {})[name] = t
+    weight_map = {}
+    for shard, group in groups.items():
+        save_file(group, str(folder / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(group, shard))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return folder
