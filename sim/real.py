@@ -26,7 +26,7 @@ from torch import nn
 from tiny_k3.attnres import DepthAttention, DepthStream
 from tiny_k3.cache import ModelCache
 from tiny_k3.config import K3Config
-from tiny_k3.model import Block
+from tiny_k3.model import Block, resolve_device
 from tiny_k3.moe import LatentMoE
 from tiny_k3.mxfp4 import decode
 from tiny_k3.norm import RMSNorm
@@ -36,6 +36,7 @@ from tiny_k3.released import (EXPERT, LM, NOT_LANGUAGE, ReleasedFormatError, Spe
 from tiny_k3.tokenizer import encode
 
 from .kdastates import KDALinks
+from .runfile import RELEASED
 from .session import Simulation
 
 INDEX = "model.safetensors.index.json"
@@ -172,7 +173,6 @@ class StreamedK3(nn.Module):
         self.run_device = torch.device(device or "cpu")
         self.keep, self.progress = keep, progress
         self._kept: dict[int, nn.Module] = {}
-        self._anchor = nn.Parameter(torch.zeros(0, device=self.run_device), requires_grad=False)
 
     @property
     def device(self) -> torch.device:
@@ -272,10 +272,10 @@ class RealSimulation(Simulation):
         ids = encode(prompt)
         if max(ids) >= self.config.vocab_size:
             raise ValueError(f"byte tokens need vocab_size >= 258; this checkpoint has {self.config.vocab_size}.")
-        self.device = torch.device(device or "cpu")
+        self.device = resolve_device(device or "cpu")         # a clear error when CUDA is asked for but absent
         self.prompt = prompt
         self.model = StreamedK3(checkpoint, self.device, keep=keep, progress=progress)
-        self.weights, self.twin_model, self.twin_weights = f"released {checkpoint.folder.name}", None, "none"
+        self.weights, self.twin_model, self.twin_weights = f"{RELEASED}{checkpoint.folder.name}", None, "none"
         self._frames, self._logits = [], []
         self._cache = ModelCache(self.config.num_layers)
         self._twin_cache = ModelCache(self.config.num_layers)
@@ -349,7 +349,7 @@ def _size(n: float) -> str:
 
 
 def main_real(argv: list[str], console) -> int:
-    """`python -m sim real DIR [--prompt TEXT] [--tokens N] [--device D] [--keep]`."""
+    """`python -m sim real DIR [--prompt TEXT] [--tokens N] [--save RUN.npz] [--device D] [--keep]`."""
     import argparse
 
     from rich.table import Table
@@ -362,6 +362,8 @@ def main_real(argv: list[str], console) -> int:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cpu)")
     p.add_argument("--keep", action="store_true", help="keep every layer's non-expert weights in RAM after "
                    "the first token (experts are still read per token)")
+    p.add_argument("--save", metavar="RUN.npz", default=None, help="write the Frames as a run file "
+                   "(sim.runfile; read it with sim.runfile.read)")
     p.add_argument("--disk-gbps", type=float, default=2.0, help="disk speed for the time estimate (GB/s)")
     args = p.parse_args(argv)
     try:
@@ -373,7 +375,10 @@ def main_real(argv: list[str], console) -> int:
                 status.update(f"layer {done}/{total} ({1e3 * seconds:.0f} ms)")
             sim = RealSimulation(args.dir, args.prompt, device=args.device, keep=args.keep, progress=progress)
             sim.run(args.tokens)
-    except (ValueError, MemoryError) as exc:     # ReleasedFormatError and ConfigError are ValueErrors
+        if args.save:
+            from .runfile import save
+            save(sim, args.save)
+    except (ValueError, MemoryError, OSError) as exc:     # ReleasedFormatError and ConfigError are ValueErrors
         console.print(f"[red]error:[/red] {exc}")
         return 2
     cfg, ck = sim.config, sim.checkpoint
@@ -391,4 +396,6 @@ def main_real(argv: list[str], console) -> int:
                   f"{read / (args.disk_gbps * 1e9):.3f} s", style="dim" if f.extra.get("prompt") else None)
     console.print(t)
     console.print(f"text: {sim.text!r} (byte tokens; see docs/released.md)")
+    if args.save:
+        console.print(f"saved {len(sim.frames)} frames to {args.save}")
     return 0

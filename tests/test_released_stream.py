@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sim import session as session_module
+from sim.__main__ import main
 from sim.real import RealSimulation, layer_bytes, main_real
 from sim.session import Simulation
 from tiny_k3 import K3Config, TinyK3
@@ -140,12 +141,22 @@ def test_a_machine_without_the_ram_is_told_before_the_first_token(release, monke
         RealSimulation(folder, PROMPT)
 
 
-def test_the_command_prints_bytes_per_token(release):
+def test_the_command_prints_bytes_per_token_and_saves_the_frames(release, tmp_path):
     from rich.console import Console
+
+    from sim import runfile
     _, _, folder = release
     console = Console(record=True, width=200)
-    assert main_real([str(folder), "--prompt", "hi", "--tokens", "1"], console) == 0
+    run = tmp_path / "run.npz"
+    assert main([ "real", str(folder), "--prompt", "hi", "--tokens", "1", "--save", str(run)], console) == 0
     out = console.export_text()
-    assert "bytes read" in out and "KB" in out and "streamed from disk" in out
+    assert "bytes read" in out and "KB" in out and "streamed from disk" in out and "saved 4 frames" in out
+    saved = runfile.read(run)
+    again = RealSimulation(folder, "hi")
+    again.run(1)
+    assert saved.meta["weights"] == saved.meta["weights_id"] == f"released {folder.name}"
+    assert all(a.same_as(b) for a, b in zip(saved.frames, again.frames)) and len(saved.frames) == 4
+    with pytest.raises(ValueError, match="streamed from a released checkpoint"):
+        runfile.load(run)
     assert main_real([str(folder / "missing")], console) == 2
     assert "is not a folder" in console.export_text()

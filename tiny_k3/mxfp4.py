@@ -19,7 +19,10 @@ nearest E2M1 value, ties to the even code, magnitudes above 6 clamped to 6.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 
 GROUP = 32                 # elements per shared scale
 E8M0_BIAS = 127
@@ -36,6 +39,14 @@ def _table(dtype: torch.dtype, device) -> torch.Tensor:
     return torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
 
 
+@functools.lru_cache(maxsize=8)
+def _pair_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 2]: the two E2M1 values of each byte, low nibble first."""
+    with torch.inference_mode(False):
+        byte = torch.arange(256, device=device)
+        return _table(dtype, device)[torch.stack([byte & 0x0F, byte >> 4], dim=-1)]
+
+
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     """[..., n/2] uint8 -> [..., n] codes 0..15 (long): low nibble first."""
     if packed.dtype != torch.uint8:
@@ -49,19 +60,21 @@ def decode(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch
 
     Exact in float32 and wider (every E2M1 value times a power of two is a float32 for exponents in float32's
     range); E8M0 0xFF decodes to NaN, as the spec says."""
-    if scale.dtype != torch.uint8:
-        raise MXFP4Error(f"weight_scale must be uint8 (E8M0), got {scale.dtype}.")
+    if packed.dtype != torch.uint8 or scale.dtype != torch.uint8:
+        raise MXFP4Error(f"weight_packed and weight_scale must be uint8 (E2M1 pairs, E8M0), got {packed.dtype} "
+                         f"and {scale.dtype}.")
     rows, half = packed.shape[-2:]
     n = 2 * half
     if tuple(scale.shape[-2:]) != (rows, n // GROUP) or n % GROUP:
         raise MXFP4Error(f"weight_packed {list(packed.shape)} holds [{rows}, {n}] values, which needs "
                          f"weight_scale [{rows}, {n // GROUP}] (one per {GROUP}); got {list(scale.shape)}.")
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    values = _table(work, packed.device)[unpack_codes(packed)]                      # [..., out, in]
-    exponent = scale.to(torch.int32) - E8M0_BIAS
-    factor = torch.exp2(exponent.to(work))
+    # one lookup per byte (its two values side by side): an embedding gather, about twice as fast as a lookup
+    # per nibble on the CPU
+    values = F.embedding(packed.long(), _pair_table(work, packed.device))              # [..., out, in/2, 2]
+    factor = torch.exp2((scale.to(torch.int32) - E8M0_BIAS).to(work))
     factor = torch.where(scale == E8M0_NAN, torch.full_like(factor, float("nan")), factor)
-    out = values.unflatten(-1, (n // GROUP, GROUP)) * factor.unsqueeze(-1)
+    out = values.view(*packed.shape[:-1], n // GROUP, GROUP).mul_(factor.unsqueeze(-1))
     return out.flatten(-2).to(dtype)
 
 
