@@ -31,8 +31,8 @@ from tiny_k3.moe import LatentMoE
 from tiny_k3.mxfp4 import decode
 from tiny_k3.norm import RMSNorm
 from tiny_k3.probe import NO_RECORDER, Recorder, detached
-from tiny_k3.released import (EXPERT, LM, NOT_LANGUAGE, ReleasedFormatError, Spec, Target, released_tensors,
-                              spec_bytes, target_of)
+from tiny_k3.released import (EXPERT, LM, NOT_LANGUAGE, ST_DTYPES, ReleasedFormatError, Spec, Target,
+                              released_tensors, spec_bytes, target_of)
 from tiny_k3.tokenizer import encode
 
 from .kdastates import KDALinks
@@ -40,7 +40,6 @@ from .runfile import RELEASED
 from .session import Simulation
 
 INDEX = "model.safetensors.index.json"
-_DTYPE_OF = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64, "U8": torch.uint8}
 
 
 class Checkpoint:
@@ -72,7 +71,8 @@ class Checkpoint:
         self.specs: dict[str, Spec] = released_tensors(self.config)
         absent = [n for n in self.specs if n not in self.weight_map]
         if absent:
-            raise ReleasedFormatError(f"{INDEX} lacks {len(absent)} tensors of the released layout, e.g. {absent[0]!r}.")
+            raise ReleasedFormatError(f"{INDEX} lacks {len(absent)} tensors of the released layout, "
+                                      f"e.g. {absent[0]!r}.")
         extra = [n for n in self.weight_map if n not in self.specs and not n.startswith(NOT_LANGUAGE)]
         if extra:
             target_of(extra[0])          # names the unknown tensor
@@ -97,7 +97,7 @@ class Checkpoint:
         if shape != spec.shape:
             raise ReleasedFormatError(f"{name} has shape {list(shape)} in {self.weight_map[name]}; the layout of "
                                       f"this config.json needs {list(spec.shape)}.")
-        if (spec.dtype == "U8") != (dtype == "U8") or dtype not in _DTYPE_OF:
+        if (spec.dtype == "U8") != (dtype == "U8") or dtype not in ST_DTYPES:
             raise ReleasedFormatError(f"{name} is {dtype} in {self.weight_map[name]}; the layout needs {spec.dtype}.")
         self._checked.add(name)
 

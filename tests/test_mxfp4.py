@@ -14,7 +14,7 @@ from tiny_k3.mxfp4 import GROUP, MXFP4Error, decode, encode, round_to_mxfp4, unp
 
 
 def e2m1(code: int) -> float:
-    """OCP MX v1.0 §5.3.3: the value of a 4-bit E2M1 code from its bits."""
+    """OCP MX v1.0, the FP4 (E2M1) element format: the value of a 4-bit code from its bits."""
     sign = -1.0 if code & 0b1000 else 1.0
     exponent, mantissa = (code >> 1) & 0b11, code & 0b1
     if exponent == 0:                       # subnormal: 2^(1 - bias) * (m / 2), bias 1
@@ -67,8 +67,8 @@ def test_e8m0_nan_and_shape_errors():
 
 
 def ocp_round(x: torch.Tensor) -> torch.Tensor:
-    """OCP MX v1.0 §6.3 conversion, element by element in Python: X = 2^(floor(log2 max|x|) - 2) per group of
-    32; each x / X to the nearest E2M1 magnitude (ties: the even code), clamped to 6; value X * that."""
+    """OCP MX v1.0 conversion from scalar floats, element by element in Python: X = 2^(floor(log2 max|x|) - 2)
+    per group of 32; each x / X to the nearest E2M1 magnitude (ties: the even code), clamped to 6; value X * that."""
     grid = [e2m1(c) for c in range(8)]
     out = torch.empty_like(x, dtype=torch.float64)
     for r, g in itertools.product(range(x.shape[0]), range(x.shape[1] // GROUP)):

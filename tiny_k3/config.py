@@ -226,7 +226,7 @@ class K3Config:
         lower-bound gate (fla's convention) where the released code draws log U(1, 16) (line 520), and the depth
         queries at 0 where the released code builds `nn.Linear(hidden_size, 1)` (line 914): with zero queries
         every depth read starts as the mean of its sources, i.e. as the standard residual (the AttnRes paper's
-        zero init, docs/attnres.md).
+        zero init; tiny_k3/attnres.py, DepthAttention).
         Fields tiny-k3 does not model must hold K3's value (grouped routing, softmax router, an MoE only every
         n-th layer, GQA, tied embeddings, MTP layers); any other value is a ConfigError naming the field.
         name: the config's name; None gives "k3" when the result is the k3 preset, else "released".

@@ -1,9 +1,9 @@
 """MXFP4 as K3's routed experts ship it: compressed-tensors' `mxfp4-pack-quantized` format.
 
-OCP Microscaling Formats (MX) Specification v1.0 (Open Compute Project, 2023; docs/released.md §MXFP4):
+OCP Microscaling Formats (MX) Specification v1.0 (Open Compute Project, 2023; docs/released.md §4):
 a block of 32 elements shares one scale X (E8M0: an 8-bit exponent, X = 2^(e - 127); 0xFF is NaN) and each
 element is an E2M1 number P (1 sign, 2 exponent, 1 mantissa bit, bias 1); the value is X * P. E2M1's 16 codes
-(spec Table 5, bit 3 the sign):
+(the spec's FP4 element table; bit 3 is the sign):
 
     code  0    1    2    3    4    5    6    7        8..15: the same, negative (8 is -0)
     P     0   0.5   1   1.5   2    3    4    6
@@ -12,9 +12,9 @@ As released (config.json quantization_config: group_size 32, num_bits 4, type fl
 `weight_packed` [out, in/2] uint8 holds two codes per byte, element 2j in the low nibble and 2j+1 in the high
 one; `weight_scale` [out, in/32] uint8 holds the E8M0 exponents of consecutive groups of 32 along `in`.
 
-`decode` is what a checkpoint reader needs. `encode` exists to write test checkpoints: the OCP conversion
-(§6.3): shared exponent = floor(log2(max|x|)) - 2 (E2M1's largest exponent), then each x / X rounded to the
-nearest E2M1 value, ties to the even code, magnitudes above 6 clamped to 6.
+`decode` is what a checkpoint reader needs. `encode` exists to write test checkpoints: the spec's conversion
+from scalar floats to MX: shared exponent = floor(log2(max|x|)) - 2 (E2M1's largest exponent), then each x / X
+rounded to the nearest E2M1 value, ties to the even code, magnitudes above 6 clamped to 6.
 """
 
 from __future__ import annotations

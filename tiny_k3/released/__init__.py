@@ -178,6 +178,7 @@ class Spec(NamedTuple):
 
 
 _ST_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "U8": 1}
+ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "U8": "uint8"}   # -> torch
 _ST_OF = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
 
 
@@ -187,7 +188,8 @@ def spec_bytes(spec: Spec) -> int:
 
 def a_log_length(config: K3Config) -> int:
     """A_log's stored length: K3 ships [128] = head_dim, its 96 per-head values then 32 zeros
-    (scripts/PARITY.md of the source repo; the released code allocates [num_heads], modeling_kimi_linear.py l. 520)."""
+    (the source repo's scripts/PARITY notes; the released code allocates [num_heads],
+    modeling_kimi_linear.py l. 520)."""
     return max(config.kda_head_dim, config.kda_heads)
 
 
@@ -390,7 +392,8 @@ def summarize_index(index: dict, config_json: dict) -> dict:
     names = index["weight_map"]
     unknown = sorted(set(names) - set(specs))
     if unknown:
-        raise ReleasedFormatError(f"index names {len(unknown)} tensors outside the released layout, e.g. {unknown[0]!r}.")
+        raise ReleasedFormatError(f"index names {len(unknown)} tensors outside the released layout, "
+                                  f"e.g. {unknown[0]!r}.")
     missing = sorted(set(specs) - set(names))
     templates: dict[str, dict] = {}
     for name in names:
@@ -498,9 +501,7 @@ def released_state(model) -> dict[str, "torch.Tensor"]:
             t = t.reshape(1, -1)
         elif target.how == "pad":
             t = torch.cat([t, t.new_zeros(spec.shape[0] - t.shape[0])])
-        dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-                 "U8": torch.uint8}[spec.dtype]
-        out[name] = t.to(dtype).contiguous()
+        out[name] = t.to(getattr(torch, ST_DTYPES[spec.dtype])).contiguous()
         if tuple(out[name].shape) != spec.shape:
             raise ReleasedFormatError(f"{name}: made {list(out[name].shape)}, the layout says {list(spec.shape)}.")
     return out
