@@ -259,7 +259,9 @@ class RealSimulation(Simulation):
 
     def __init__(self, folder, prompt: str, *, device: str | None = "cpu", keep: bool = False, progress=None,
                  check_memory: bool = True):
-        checkpoint = Checkpoint(folder)
+        """folder: a released-format folder or an open Checkpoint. progress(layer, layers, seconds) after each
+        layer of each token."""
+        checkpoint = folder if isinstance(folder, Checkpoint) else Checkpoint(folder)
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         if check_memory:
@@ -370,10 +372,19 @@ def main_real(argv: list[str], console) -> int:
         if args.tokens < 0:
             raise ValueError(f"--tokens must be 0 or more, got {args.tokens}.")
         status = console.status("reading the checkpoint")
+        spent: list[float] = []                    # this token's layer times
+
+        def progress(done, total, seconds):
+            spent[:] = ([] if done == 1 else spent) + [seconds]
+            token = sim_token()
+            status.update(f"token {token}: layer {done}/{total}, {1e3 * seconds:.0f} ms, "
+                          f"{_size(checkpoint.bytes_read(token))} read so far, "
+                          f"about {sum(spent) / done * total:.1f} s a token")
+
+        checkpoint = Checkpoint(args.dir)          # (the errors about the folder come before anything runs)
+        sim_token = lambda: checkpoint.token       # noqa: E731
         with status:
-            def progress(done, total, seconds):
-                status.update(f"layer {done}/{total} ({1e3 * seconds:.0f} ms)")
-            sim = RealSimulation(args.dir, args.prompt, device=args.device, keep=args.keep, progress=progress)
+            sim = RealSimulation(checkpoint, args.prompt, device=args.device, keep=args.keep, progress=progress)
             sim.run(args.tokens)
         if args.save:
             from .runfile import save
@@ -393,7 +404,7 @@ def main_real(argv: list[str], console) -> int:
         experts = sum(b for tok, n, b in ck.reads if tok == f.position and ".experts." in n)
         ids = " ".join(str(int(e)) for e in sorted(f.routing_for(layer).expert_ids))
         t.add_row(str(f.position), f.input_text, f.token_text, ids, _size(read), _size(experts), f"{f.step_ms:.0f}",
-                  f"{read / (args.disk_gbps * 1e9):.3f} s", style="dim" if f.extra.get("prompt") else None)
+                  f"{read / (args.disk_gbps * 1e9):.3g} s", style="dim" if f.extra.get("prompt") else None)
     console.print(t)
     console.print(f"text: {sim.text!r} (byte tokens; see docs/released.md)")
     if args.save:

@@ -160,3 +160,26 @@ def test_the_command_prints_bytes_per_token_and_saves_the_frames(release, tmp_pa
         runfile.load(run)
     assert main_real([str(folder / "missing")], console) == 2
     assert "is not a folder" in console.export_text()
+
+
+def test_progress_comes_once_per_layer_per_token(release):
+    config, _, folder = release
+    calls = []
+    real = RealSimulation(folder, "hi", progress=lambda done, total, seconds: calls.append((done, total)))
+    assert calls == [(i + 1, config.num_layers) for i in range(config.num_layers)] * 3     # BOS, h, i
+    real.run(1)
+    assert len(calls) == 4 * config.num_layers
+
+
+def test_the_table_of_a_synthetic_index_accounts_for_every_byte(release):
+    from tiny_k3.released import expand_table, summarize_index
+    config, _, folder = release
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    whole = json.loads((folder / "config.json").read_text())
+    table = summarize_index(index, whole)
+    assert table["bytes_from_shapes"] == table["total_size"] == index["metadata"]["total_size"]
+    assert sorted(expand_table(table)) == sorted(index["weight_map"])
+    assert {n.split(".")[0] for n in table["missing_from_index"]} == {"vision_tower", "mm_projector"}
+    bad = dict(index, weight_map={**index["weight_map"], "language_model.model.layers.0.extra.weight": "x"})
+    with pytest.raises(ReleasedFormatError, match="outside the released layout"):
+        summarize_index(bad, whole)
