@@ -32,7 +32,7 @@ from tiny_k3.mxfp4 import decode
 from tiny_k3.norm import RMSNorm
 from tiny_k3.probe import NO_RECORDER, Recorder, detached
 from tiny_k3.released import (EXPERT, LM, NOT_LANGUAGE, ST_DTYPES, ReleasedFormatError, Spec, Target,
-                              released_tensors, spec_bytes, target_of)
+                              expert_tensors, released_tensors, spec_bytes, target_of)
 from tiny_k3.tokenizer import encode
 
 from .kdastates import KDALinks
@@ -296,13 +296,10 @@ class RealSimulation(Simulation):
 def layer_bytes(config: K3Config) -> dict:
     """Bytes of the released layout: per token read (non-expert weights of every layer, the head, one embedding
     row, and top_k experts per MoE layer), the largest layer's non-expert part, one expert, the whole checkpoint."""
-    specs = released_tensors(config)
-    expert = sum(spec_bytes(s) for n, s in specs.items() if n.startswith(EXPERT.format(layer=config.moe_layers[0],
-                                                                                    expert=0)))
+    specs = released_tensors(config, experts=False)
+    expert = sum(spec_bytes(s) for s in expert_tensors(config, config.moe_layers[0], 0).values())
     layers = {}
     for n, s in specs.items():
-        if ".experts." in n:
-            continue
         key = n.split(".")[3] if ".layers." in n else n
         layers[key] = layers.get(key, 0) + spec_bytes(s)
     embed = specs[LM + "model.embed_tokens.weight"]
@@ -310,7 +307,8 @@ def layer_bytes(config: K3Config) -> dict:
     non_expert = sum(layers.values()) - spec_bytes(embed)
     return {"expert": expert, "experts_per_token": expert * config.top_k * len(config.moe_layers),
             "non_expert_per_token": non_expert + row, "largest_layer": max(v for k, v in layers.items() if k.isdigit()),
-            "head": spec_bytes(specs[LM + "lm_head.weight"]), "total": sum(spec_bytes(s) for s in specs.values())}
+            "head": spec_bytes(specs[LM + "lm_head.weight"]),
+            "total": sum(spec_bytes(s) for s in specs.values()) + expert * config.num_experts * len(config.moe_layers)}
 
 
 def check_ram(checkpoint: Checkpoint, keep: bool) -> None:

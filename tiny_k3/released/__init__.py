@@ -193,7 +193,18 @@ def a_log_length(config: K3Config) -> int:
     return max(config.kda_head_dim, config.kda_heads)
 
 
-def released_tensors(config: K3Config) -> dict[str, Spec]:
+def expert_tensors(config: K3Config, layer: int, expert: int) -> dict[str, Spec]:
+    """The six tensors of one routed expert: w1 (gate), w2 (down), w3 (up), each MXFP4 `weight_packed`
+    [out, in/2] and `weight_scale` [out, in/32], U8."""
+    m, l, x = config.moe_intermediate, config.latent_dim, EXPERT.format(layer=layer, expert=expert)
+    out = {}
+    for name, (rows, cols) in (("w1", (m, l)), ("w2", (l, m)), ("w3", (m, l))):
+        out[x + name + ".weight_packed"] = Spec((rows, cols // 2), "U8")
+        out[x + name + ".weight_scale"] = Spec((rows, cols // GROUP), "U8")
+    return out
+
+
+def released_tensors(config: K3Config, experts: bool = True) -> dict[str, Spec]:
     """Every language-model tensor of the released layout for `config`, in checkpoint order, with its shape and
     safetensors dtype. Shapes follow the released modules (modeling_kimi_linear.py: KimiDeltaAttention l. 477,
     KimiMLAAttention l. 335, KimiSparseMoeBlock l. 762, KimiDecoderLayer l. 877, KimiLinearModel l. 1090) and the
@@ -202,7 +213,8 @@ def released_tensors(config: K3Config) -> dict[str, Spec]:
     l. 520, 526), its short-conv weights and o_norm gain (fla modules), and the selection bias are F32. The index
     records no dtypes: this assignment is the one whose bytes sum to the index's total_size exactly
     (1,560,860,324,864, with the vision tower in BF16; tests/test_released.py), and a reader checks each
-    tensor's dtype in the shard headers anyway (sim/real.py)."""
+    tensor's dtype in the shard headers anyway (sim/real.py). experts=False leaves the routed experts out
+    (`expert_tensors` gives one expert's)."""
     c = config
     if c.moe_kind != "latent" or c.residual != "block":
         raise ConfigError("the released layout is K3's: latent MoE and Block AttnRes.")
@@ -243,11 +255,8 @@ def released_tensors(config: K3Config) -> dict[str, Spec]:
             out[p + "mlp.down_proj.weight"] = Spec((D, f), w)
         else:
             s = p + "block_sparse_moe."
-            for e in range(E):
-                x = EXPERT.format(layer=i, expert=e)
-                for name, (rows, cols) in (("w1", (m, l)), ("w2", (l, m)), ("w3", (m, l))):
-                    out[x + name + ".weight_packed"] = Spec((rows, cols // 2), "U8")
-                    out[x + name + ".weight_scale"] = Spec((rows, cols // GROUP), "U8")
+            for e in range(E if experts else 0):
+                out |= expert_tensors(c, i, e)
             out[s + "gate.weight"] = Spec((E, D), w)
             out[s + "gate.e_score_correction_bias"] = Spec((E,), "F32")
             hs = c.num_shared_experts * c.shared_intermediate
