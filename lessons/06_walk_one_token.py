@@ -365,3 +365,41 @@ changed = [row.part for row in kimi_linear_rows.values() if row.changed and row.
 print(f"Against Kimi Linear the hybrid recipe is the same, {len(kimi_linear.kda_layers)}:{len(kimi_linear.mla_layers)} "
       f"KDA:MLA there and {len(k3_config.kda_layers)}:{len(k3_config.mla_layers)} here; what K3 changed is "
       f"{', '.join(changed)}.")
+
+# %% [markdown]
+# ## The real thing
+#
+# Everything above ran a preset. The released K3 ships in its own format: a `config.json`, 96 safetensors
+# shards and an index naming 497,220 tensors, its routed experts in MXFP4 (two 4-bit values a byte, one
+# power-of-two scale per 32). `python -m sim real DIR` streams such a folder layer by layer: per token it reads
+# each layer's attention, router and shared experts, and in every MoE layer only the chosen experts' bytes, and
+# records the same Frames you walked above (docs/released.md). Here a tiny model is written in exactly that
+# layout and streamed back.
+
+# %%
+import tempfile
+
+import torch
+
+from sim.real import RealSimulation, layer_bytes
+from tiny_k3 import TinyK3
+from tiny_k3.released import config_json_for, mxfp4_rounded, write_checkpoint
+
+release_config = K3Config.from_released(config_json_for(K3Config.preset(
+    "tiny", moe_intermediate=32, latent_dim=32, shared_intermediate=32, num_experts=56, top_k=4)))
+torch.manual_seed(0)
+release_model = TinyK3(release_config)
+mxfp4_rounded(release_model)            # the experts as MXFP4 holds them
+release_dir = write_checkpoint(release_model, tempfile.mkdtemp(prefix="tiny-k3-release-"))
+real = RealSimulation(release_dir, "hi")
+real.run(2)
+real_frame = real.frame
+real_read = real.checkpoint.bytes_read(real_frame.position)
+real_experts = sum(b for t, n, b in real.checkpoint.reads if t == real_frame.position and ".experts." in n)
+print(f"streamed {sorted(p.name for p in release_dir.iterdir())[:2]} ...: token {real_frame.position} went to "
+      f"experts {sorted(int(e) for e in real_frame.routing[0].expert_ids)} of layer {real_frame.routing[0].layer}; "
+      f"it read {real_read:,} bytes, {real_experts:,} of them experts")
+k3_bytes = layer_bytes(K3Config.preset("k3"))
+k3_token = k3_bytes["non_expert_per_token"] + k3_bytes["experts_per_token"]
+print(f"the real K3 reads {k3_token / 1e9:.0f} GB a token this way ({k3_bytes['experts_per_token'] / 1e9:.1f} GB "
+      f"of it the 16 x 92 chosen experts): {k3_token / 2e9:.0f} s at 2 GB/s")

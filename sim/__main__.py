@@ -4,6 +4,7 @@
     python -m sim costs          # K3's serving figures and the corrections, with their sources
     python -m sim measure --quick  # one real-width layer of each kind timed here, composed into K3 and its twin
     python -m sim measure --quick --batch 1,8,64   # the same at each batch, one line per batch
+    python -m sim real DIR --prompt "Hi" --tokens 4   # a released-format checkpoint, streamed layer by layer
 
 Prints one row per token (the token fed in and the one chosen next, the experts chosen in --layer, the
 KDA state norm of --kda-layer, the decode-cache bytes of the hybrid and of its all-MLA twin), then the
@@ -119,8 +120,14 @@ def _measure(argv: list[str], console: Console) -> int:
     return main_measure(argv, console)
 
 
+def _real(argv: list[str], console: Console) -> int:
+    from .real import main_real      # a released-format checkpoint streamed from disk (sim/real.py)
+
+    return main_real(argv, console)
+
+
 # `python -m sim NAME ...`: each subcommand takes (its arguments, the console) and returns the exit status.
-SUBCOMMANDS = {"costs": _costs, "measure": _measure}
+SUBCOMMANDS = {"costs": _costs, "measure": _measure, "real": _real}
 
 
 def main(argv: list[str] | None = None, console: Console | None = None) -> int:

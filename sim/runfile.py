@@ -44,6 +44,7 @@ from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, S
 from .session import Simulation
 
 FORMAT = "tiny-k3 run"
+RELEASED = "released "        # the weights label of a run streamed from a released-format folder (sim/real.py)
 VERSION = 1
 
 
@@ -61,6 +62,8 @@ class SavedRun:
 
 def weights_id(sim: Simulation) -> str:
     """What made the weights: "trained <file> sha256:<12 hex>" or "random init, seed N"."""
+    if sim.weights.startswith(RELEASED):   # streamed from a released-format folder (sim/real.py): its name
+        return sim.weights
     if sim.weights == "trained":
         path = weights_path(sim.config.name)
         return f"trained {path.name} sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
@@ -200,6 +203,10 @@ def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:
     run = read(path)
     meta, saved = run.meta, run.frames
     name = Path(path).name
+    if str(meta.get("weights", "")).startswith(RELEASED):
+        raise ValueError(f"{name} was streamed from a released checkpoint ({meta['weights']}), which cannot be "
+                         f"replayed here; read its frames with sim.runfile.read, or stream the folder again with "
+                         f"`python -m sim real`.")
     total = len(saved)
     sim = Simulation(meta["preset"], meta["prompt"], seed=meta["seed"], device=device, weights=meta["weights"],
                      twin=meta["twin"], progress=None if progress is None else (lambda done, _: progress(done, total)))

@@ -139,7 +139,7 @@ def test_mla_without_gate_and_with_its_own_latent_eps():
     o = F.scaled_dot_product_attention(layer.project_q(x).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        is_causal=True)
     torch.testing.assert_close(layer(x)[0], layer.o_proj(o.transpose(1, 2).reshape(B, T, -1)))
-    assert K3Config.preset("k3").mla_latent_eps == 1e-5 and GatedMLA(K3Config.preset("tiny")).kv_norm.eps == 1e-5
+    assert K3Config.preset("k3").mla_latent_eps == 1e-6 and GatedMLA(K3Config.preset("tiny")).kv_norm.eps == 1e-6
 
 
 # ---------------------------------------------------------------------------- KDA's low-rank output gate

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import K3Config, generate, load_model, parameter_breakdown, parameter_counts, resolve_device
+from .params import selection_bias_count
 from .config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, ConfigError
 from .tokenizer import decode, encode
 from .weights import CheckpointError
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         for part, n in parameter_breakdown(cfg).items():
             table.add_row(part, f"{n:,}")
         table.add_row("[b]total[/b]", f"[b]{total:,}[/b]")
+        if bias_values := selection_bias_count(cfg):   # a buffer here, a Parameter in the released code
+            table.add_row("(+ router selection bias, a buffer here)", f"{bias_values:,}")
         table.add_row("[b]active per token[/b]", f"[b]{active:,}[/b] ({active / total:.1%})")
         console.print(table)
         if cfg.name in COUNTED_ONLY:

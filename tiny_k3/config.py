@@ -15,6 +15,7 @@ RESIDUALS = ("block", "full", "standard")
 MOE_KINDS = ("latent", "plain")      # K3's latent MoE, or DeepSeek-V3 / K2 / Kimi Linear's full-width MoE
 MLP_ACTS = ("situ", "swiglu")        # K3's soft-capped SiTU-GLU, or plain SwiGLU (K2, Kimi Linear)
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+MLA_LATENT_EPS = 1e-6                # eps of MLA's latent RMSNorms as released (K3Config.mla_latent_eps)
 
 
 class ConfigError(ValueError):
@@ -66,7 +67,7 @@ class K3Config:
     mla_output_gate: bool = True     # out = W_o(attn * sigmoid(W_g x)) (K3); False: W_o(attn) (K2, Kimi Linear)
     mla_rope: bool = False           # True: rotate the qk_rope_dim channels of q and the shared key (K2, DeepSeek-V3)
     rope_theta: float = 10000.0      # RoPE base, used only when mla_rope (K2: 50,000)
-    mla_norm_eps: float | None = None  # eps of the q/kv latent RMSNorms; None: rms_norm_eps (K3; Kimi Linear: 1e-6)
+    mla_norm_eps: float | None = None  # eps of the q/kv latent RMSNorms; None: 1e-6, as released (see mla_latent_eps)
 
     # Latent MoE (k3_facts.md §1c, §2)
     moe_kind: str = "latent"         # "latent" (K3) or "plain": experts at full width, no down/up/norm (K2)
@@ -112,8 +113,15 @@ class K3Config:
 
     @property
     def mla_latent_eps(self) -> float:
-        """eps of MLA's q and kv latent RMSNorms (Kimi Linear's released code uses 1e-6 there, 1e-5 elsewhere)."""
-        return self.rms_norm_eps if self.mla_norm_eps is None else self.mla_norm_eps
+        """eps of MLA's q and kv latent RMSNorms: `mla_norm_eps`, or MLA_LATENT_EPS (1e-6) when it is None.
+
+        The released code builds both norms without an eps, so they take KimiRMSNorm's default, 1e-6, while
+        every other norm gets rms_norm_eps (1e-5): PipeNetwork/kimi-k3-mlx@fe0738f reference/modeling_kimi_linear.py
+        line 227 (`def __init__(self, hidden_size, eps=1e-6)`), line 368 (`KimiRMSNorm(self.q_lora_rank)`) and
+        line 383 (`KimiRMSNorm(self.kv_lora_rank)`). DeepSeek-V3 / K2 build theirs the same way. None (every K3
+        preset, and what the shipped checkpoints' stored configs say) therefore means 1e-6; an explicit value wins.
+        """
+        return MLA_LATENT_EPS if self.mla_norm_eps is None else self.mla_norm_eps
 
     @property
     def mla_cache_width(self) -> int:
@@ -194,6 +202,41 @@ class K3Config:
         """The presets small enough to build with real weights: all but the full-size ones, which are
         only ever built on the meta device (counted, never run)."""
         return [name for name in _PRESETS if name not in COUNTED_ONLY]
+
+    @staticmethod
+    def from_released(path, name: str | None = None) -> "K3Config":
+        """The K3Config of a released-format config.json (its `text_config`): the released K3's file gives
+        exactly the `k3` preset (tests/test_released.py, on the copy in tiny_k3/released/config.json).
+
+        Fields read: hidden_size, num_hidden_layers, linear_attn_config (kda_layers / full_attn_layers, 1-based;
+        num_heads, head_dim, short_conv_kernel_size, gate_lower_bound, use_full_rank_gate), first_k_dense_replace,
+        intermediate_size, max_position_embeddings, rms_norm_eps, dtype, initializer_range, num_attention_heads,
+        q_lora_rank, kv_lora_rank, qk_nope/rope_head_dim, v_head_dim, mla_use_output_gate, mla_use_nope,
+        num_experts, num_experts_per_token, moe_intermediate_size, routed_expert_hidden_size, num_shared_experts,
+        routed_scaling_factor, moe_renormalize, hidden_act, activation_situ_(linear_)beta, attn_res_block_size,
+        vocab_size. Where the released code differs from the field's plain reading (PipeNetwork/kimi-k3-mlx
+        @fe0738f, reference/modeling_kimi_linear.py):
+          - the KDA decay gate's rank is head_dim: `f_a_proj = nn.Linear(hidden_size, head_dim)` (line 523);
+          - each shared expert is moe_intermediate_size wide (`moe_intermediate_size * num_shared_experts`, line 798);
+          - attn_res_block_size counts layers (`layer_idx % attn_res_block_size == 0`, line 995); tiny-k3 counts
+            sublayers, so 12 layers -> attnres_block_size 24;
+          - the MLA latent norms keep eps 1e-6 (lines 368, 383): mla_norm_eps None, see `mla_latent_eps`;
+          - a lone routed expert is not renormalised (line 753; tiny_k3/moe.py `route`).
+        Initialisation is not read (a checkpoint brings its weights): tiny-k3 starts A_log at 0 under the
+        lower-bound gate (fla's convention) where the released code draws log U(1, 16) (line 520), and the depth
+        queries at 0 where the released code builds `nn.Linear(hidden_size, 1)` (line 914): with zero queries
+        every depth read starts as the mean of its sources, i.e. as the standard residual (the AttnRes paper's
+        zero init; tiny_k3/attnres.py, DepthAttention).
+        Fields tiny-k3 does not model must hold K3's value (grouped routing, softmax router, an MoE only every
+        n-th layer, GQA, tied embeddings, MTP layers); any other value is a ConfigError naming the field.
+        name: the config's name; None gives "k3" when the result is the k3 preset, else "released".
+        """
+        from .released import config_fields_from_released   # (the released format's reader lives there)
+        fields = config_fields_from_released(path)
+        config = K3Config(name="released", **fields)
+        if name is None:
+            name = "k3" if dataclasses.replace(config, name="k3") == _PRESETS["k3"] else "released"
+        return dataclasses.replace(config, name=name)
 
     @staticmethod
     def preset(name: str, **overrides) -> "K3Config":

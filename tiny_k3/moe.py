@@ -52,7 +52,9 @@ def route(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormali
 
     scores [..., E] sigmoid affinities (fp32); bias [E] or None (zeros). The bias only decides *which*
     experts win (topk of scores + bias); the weights are the unbiased scores of the winners, divided by
-    their sum (+1e-20) when `renormalize`, then times `scaling`. Ids come out in descending biased score.
+    their sum (+1e-20) when `renormalize` and k > 1, then times `scaling`. Ids come out in descending biased score.
+    A single expert (k = 1) keeps its score, as released: `if self.top_k > 1 and self.moe_renormalize`
+    (PipeNetwork/kimi-k3-mlx@fe0738f reference/modeling_kimi_linear.py line 753); renormalised, its weight would be 1.
     """
     num_experts = scores.shape[-1]
     if not 1 <= top_k <= num_experts:
@@ -65,10 +67,11 @@ def route(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormali
 
 
 def _chosen_weights(scores: torch.Tensor, expert_ids: torch.Tensor, renormalize: bool, scaling: float) -> torch.Tensor:
-    """The chosen experts' unbiased scores [..., k], divided by their sum + 1e-20 and times `scaling`.
+    """The chosen experts' unbiased scores [..., k], divided by their sum + 1e-20 (when k > 1: see `route`) and
+    times `scaling`.
     (The constants are tensors of the scores' dtype: the same numbers as Python floats, without a cast per op.)"""
     weights = scores.gather(-1, expert_ids)
-    if renormalize:
+    if renormalize and expert_ids.shape[-1] > 1:
         weights = weights / weights.sum(-1, keepdim=True).add_(constant(1e-20, weights))
     if scaling != 1.0:
         weights = weights * constant(scaling, weights)

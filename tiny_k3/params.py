@@ -54,3 +54,14 @@ def parameter_counts(config: K3Config) -> tuple[int, int]:
     total = sum(parts.values())
     idle_experts = parts["routed_experts"] * (config.num_experts - config.top_k) // config.num_experts
     return total, total - parts["embedding"] - idle_experts
+
+
+def selection_bias_count(config: K3Config) -> int:
+    """Values of the routers' selection bias over every MoE layer (K3: 92 layers x 896 = 82,432).
+
+    tiny-k3 keeps the bias as a buffer (it is moved by `Router.update_bias`, never by the optimiser), so
+    `parameter_counts` leaves it out; the released code holds it as a Parameter, `gate.e_score_correction_bias`
+    (PipeNetwork/kimi-k3-mlx@fe0738f reference/modeling_kimi_linear.py line 693), so a count of the released
+    module tree is `parameter_counts(config)[0] + selection_bias_count(config)`.
+    """
+    return len(config.moe_layers) * config.num_experts

@@ -1,0 +1,410 @@
+"""`python -m sim real DIR`: a checkpoint in the released K3 format, streamed from disk layer by layer.
+
+DIR holds what the release holds: config.json, model.safetensors.index.json and the shards it names. The
+shards are memory-mapped (safetensors' safe_open); per token, each layer's attention, router, shared experts,
+latent projections, norms and depth queries are read and turned into the same tiny_k3 modules TinyK3 runs
+(tiny_k3.model.Block), and in each MoE layer only the k chosen experts' MXFP4 blocks are read and decoded
+(tiny_k3.mxfp4). The token's Frame is recorded exactly as the simulator records one (`RealSimulation` is a
+sim.Simulation whose model is the stream), so routing, KDA state, depth weights and memory read the same.
+
+Nothing is downloaded: a missing file is an error naming it. Tokens are bytes (tiny_k3.tokenizer): right for a
+synthetic checkpoint (tests/test_released_stream.py), not K3's own tokenizer (docs/released.md says what a real
+run needs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from tiny_k3.attnres import DepthAttention, DepthStream
+from tiny_k3.cache import ModelCache
+from tiny_k3.config import K3Config
+from tiny_k3.model import Block, resolve_device
+from tiny_k3.moe import LatentMoE
+from tiny_k3.mxfp4 import decode
+from tiny_k3.norm import RMSNorm
+from tiny_k3.probe import NO_RECORDER, Recorder, detached
+from tiny_k3.released import (EXPERT, LM, NOT_LANGUAGE, ST_DTYPES, ReleasedFormatError, Spec, Target,
+                              expert_tensors, released_tensors, spec_bytes, target_of)
+from tiny_k3.tokenizer import encode
+
+from .kdastates import KDALinks
+from .runfile import RELEASED
+from .session import Simulation
+
+INDEX = "model.safetensors.index.json"
+
+
+class Checkpoint:
+    """A released-format folder: its config, its index and memory-mapped shards, and a count of the bytes read.
+
+    Everything is checked before the first token: config.json and the index exist, every shard the index names
+    exists, every language-model tensor of the layout is in the index, and (on first read) each tensor's shape
+    and dtype in its shard header match the layout. `reads` logs (token, name, bytes) of every read."""
+
+    def __init__(self, folder, compute_dtype: torch.dtype = torch.float32):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise ReleasedFormatError(f"{self.folder} is not a folder; give the folder that holds config.json, "
+                                      f"{INDEX} and the shards.")
+        self.config = K3Config.from_released(self.folder / "config.json")
+        index = self.folder / INDEX
+        if not index.is_file():
+            raise ReleasedFormatError(f"{index} is missing; a released checkpoint folder holds config.json, {INDEX} "
+                                      f"and the shards it names (nothing is downloaded).")
+        try:
+            self.weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ReleasedFormatError(f"{index} is not a safetensors index with a weight_map ({exc}).") from None
+        shards = sorted(set(self.weight_map.values()))
+        missing = [s for s in shards if not (self.folder / s).is_file()]
+        if missing:
+            raise ReleasedFormatError(f"{len(missing)} of the {len(shards)} shards named in {INDEX} are missing from "
+                                      f"{self.folder}, e.g. {missing[0]} (nothing is downloaded).")
+        self.specs: dict[str, Spec] = released_tensors(self.config)
+        absent = [n for n in self.specs if n not in self.weight_map]
+        if absent:
+            raise ReleasedFormatError(f"{INDEX} lacks {len(absent)} tensors of the released layout, "
+                                      f"e.g. {absent[0]!r}.")
+        extra = [n for n in self.weight_map if n not in self.specs and not n.startswith(NOT_LANGUAGE)]
+        if extra:
+            target_of(extra[0])          # names the unknown tensor
+        self.compute_dtype = compute_dtype
+        self._open: dict[str, object] = {}
+        self._checked: set[str] = set()
+        self.token = 0                     # the token being computed (for `reads`)
+        self.reads: list[tuple[int, str, int]] = []
+
+    def _file(self, name: str):
+        shard = self.weight_map[name]
+        if shard not in self._open:
+            self._open[shard] = safe_open(str(self.folder / shard), framework="pt")   # memory-mapped
+        return self._open[shard]
+
+    def _check(self, name: str, f) -> None:
+        if name in self._checked:
+            return
+        spec = self.specs[name]
+        piece = f.get_slice(name)
+        shape, dtype = tuple(piece.get_shape()), piece.get_dtype()
+        if shape != spec.shape:
+            raise ReleasedFormatError(f"{name} has shape {list(shape)} in {self.weight_map[name]}; the layout of "
+                                      f"this config.json needs {list(spec.shape)}.")
+        if (spec.dtype == "U8") != (dtype == "U8") or dtype not in ST_DTYPES:
+            raise ReleasedFormatError(f"{name} is {dtype} in {self.weight_map[name]}; the layout needs {spec.dtype}.")
+        self._checked.add(name)
+
+    def read(self, name: str, rows: slice | None = None) -> torch.Tensor:
+        """The tensor `name` (or rows of it), as stored; its bytes are added to `reads`."""
+        f = self._file(name)
+        self._check(name, f)
+        t = f.get_tensor(name) if rows is None else f.get_slice(name)[rows]
+        self.reads.append((self.token, name, t.numel() * t.element_size()))
+        return t
+
+    def bytes_read(self, token: int | None = None) -> int:
+        return sum(b for t, _, b in self.reads if token is None or t == token)
+
+
+def _convert(t: torch.Tensor, target: Target, config: K3Config, dtype: torch.dtype) -> torch.Tensor:
+    """A released tensor as its tiny_k3 entry: a depth query's [1, D] row to [D], A_log's stored [head_dim]
+    to its [kda_heads] values (the padding must be zeros), then the compute dtype (the selection bias: float32)."""
+    if target.how == "row":
+        t = t.reshape(-1)
+    elif target.how == "pad":
+        H = config.kda_heads
+        if bool((t[H:] != 0).any()):
+            raise ReleasedFormatError(f"A_log holds nonzero values past its {H} heads; its padding must be zeros.")
+        t = t[:H]
+    return t.to(torch.float32 if target.how == "buffer" else dtype)
+
+
+class StreamedMoE(LatentMoE):
+    """LatentMoE whose routed experts are read from the checkpoint per call: only the chosen ones.
+
+    The router, latent projections, norm and shared experts are LatentMoE's own (loaded by the stream); the
+    expert stacks hold just the experts this call chose, decoded from MXFP4, and the ids are remapped onto
+    them. The sums are LatentMoE's general path (`route_tokens`, `mix_experts`, `combine`)."""
+
+    def __init__(self, config: K3Config, checkpoint: Checkpoint, layer: int, device=None, dtype=None):
+        super().__init__(config, device="meta", dtype=dtype)
+        for name in ("w1", "w2", "w3"):
+            del self._parameters[name]
+        self.checkpoint, self.layer_index, self.run_device = checkpoint, layer, device
+
+    def _experts(self, ids: torch.Tensor) -> None:
+        dtype = self.checkpoint.compute_dtype
+        stacks = {"w1": [], "w2": [], "w3": []}
+        for e in ids.tolist():
+            base = EXPERT.format(layer=self.layer_index, expert=e)
+            for w, stack in stacks.items():
+                packed = self.checkpoint.read(base + w + ".weight_packed")
+                scale = self.checkpoint.read(base + w + ".weight_scale")
+                stack.append(decode(packed, scale, dtype=dtype))
+        for w, stack in stacks.items():
+            object.__setattr__(self, w, torch.stack(stack).to(self.run_device))
+
+    def forward(self, x: torch.Tensor, recorder: Recorder = NO_RECORDER, layer: int = 0, hooks=None) -> torch.Tensor:
+        routing = self.route_tokens(x, recorder, layer, hooks)
+        ids = routing.expert_ids.reshape(-1)
+        chosen = torch.unique(ids)                                   # sorted: each expert read once per call
+        self._experts(chosen)
+        z = self.down(x).reshape(-1, self.config.latent_dim)
+        y = self.mix_experts(z, torch.searchsorted(chosen, ids), routing.weights.reshape(-1).to(z.dtype))
+        return self.combine(y.reshape(*x.shape[:-1], -1), x)
+
+
+class StreamedK3(nn.Module):
+    """TinyK3's forward with every layer's weights read from a Checkpoint as the layer runs (B = 1).
+
+    keep: hold each layer's non-expert modules after their first read (RAM for speed; the experts are always
+    read per token). progress(layer, layers, seconds) is called after each layer."""
+
+    def __init__(self, checkpoint: Checkpoint, device=None, keep: bool = False, progress=None):
+        super().__init__()
+        self.checkpoint, self.config = checkpoint, checkpoint.config
+        self.run_device = torch.device(device or "cpu")
+        self.keep, self.progress = keep, progress
+        self._kept: dict[int, nn.Module] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.run_device
+
+    def _load(self, module: nn.Module, prefix: str, names: list[str]) -> nn.Module:
+        """Materialise `module` (built on meta) on the run device and fill every entry of its state_dict from the
+        released tensors `names`; an entry left unfilled is an error (nothing may start uninitialised)."""
+        module.to_empty(device=self.run_device)
+        state = module.state_dict(keep_vars=True)
+        filled = set()
+        for name in names:
+            target = target_of(name)
+            key = target.tiny[len(prefix):]
+            value = _convert(self.checkpoint.read(name), target, self.config, self.checkpoint.compute_dtype)
+            with torch.no_grad():
+                state[key].copy_(value.to(self.run_device))
+            filled.add(key)
+        if filled != set(state):
+            raise ReleasedFormatError(f"the released tensors leave {sorted(set(state) - filled)} unfilled.")
+        return module.eval()
+
+    def block(self, i: int) -> Block:
+        if i in self._kept:
+            return self._kept[i]
+        cfg, dtype = self.config, self.checkpoint.compute_dtype
+        block = Block(cfg, i, device="meta", dtype=dtype)
+        if block.mlp_kind == "moe":
+            block.mlp = StreamedMoE(cfg, self.checkpoint, i, device=self.run_device, dtype=dtype)
+        prefix = LM + f"model.layers.{i}."
+        names = [n for n in self.checkpoint.specs if n.startswith(prefix) and ".experts." not in n]
+        self._load(block, f"blocks.{i}.", names)
+        if self.keep:
+            self._kept[i] = block
+        return block
+
+    def _head(self) -> tuple[DepthAttention, RMSNorm, nn.Linear]:
+        cfg, dtype = self.config, self.checkpoint.compute_dtype
+        head = nn.Module()
+        head.out_res = DepthAttention(cfg.hidden_size, cfg.rms_norm_eps, device="meta", dtype=dtype)
+        head.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device="meta", dtype=dtype)
+        head.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta", dtype=dtype)
+        names = [LM + "model.output_attn_res_norm.weight", LM + "model.output_attn_res_proj.weight",
+                 LM + "model.norm.weight", LM + "lm_head.weight"]
+        self._load(head, "", names)
+        return head.out_res, head.final_norm, head.lm_head
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, recorder: Recorder | None = None,
+                attention_mask=None, hooks=None) -> tuple[torch.Tensor, ModelCache]:
+        cfg = self.config
+        if attention_mask is not None or tokens.dim() != 2 or tokens.shape[0] != 1:
+            raise ValueError("the streamed model takes one unpadded row of tokens, [1, T].")
+        recorder = NO_RECORDER if recorder is None else recorder
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {low}..{high}.")
+        cache = cache if cache is not None else ModelCache(cfg.num_layers)
+        self.checkpoint.token = cache.position
+        rows = [self.checkpoint.read(LM + "model.embed_tokens.weight", slice(t, t + 1)) for t in tokens[0].tolist()]
+        x = torch.cat(rows).to(self.run_device, self.checkpoint.compute_dtype).unsqueeze(0)     # only these rows
+        recorder.record("embed", -1, x=detached(x))
+        stream = DepthStream(x, cfg.residual, cfg.attnres_block_size)
+        for i in range(cfg.num_layers):
+            t0 = time.perf_counter()
+            self.block(i)(stream, cache, recorder, None, hooks)
+            if self.progress is not None:
+                self.progress(i + 1, cfg.num_layers, time.perf_counter() - t0)
+        out_res, final_norm, lm_head = self._head()
+        h, weights = stream.read(out_res)
+        recorder.record("depth", cfg.num_layers, site="out", weights=None if weights is None else detached(weights),
+                        h=detached(h))
+        logits = lm_head(final_norm(h))
+        recorder.record("logits", cfg.num_layers, logits=detached(logits))
+        cache.position += tokens.shape[1]
+        return logits, cache
+
+
+class RealSimulation(Simulation):
+    """A sim.Simulation over a released-format checkpoint: the same timeline, Frames and stepping, with the
+    streamed model as its model and no twin (its bytes come from the formula, as for any twin-less run).
+
+    The attributes are the ones Simulation.__init__ sets (sim/session.py); only the model differs."""
+
+    def __init__(self, folder, prompt: str, *, device: str | None = "cpu", keep: bool = False, progress=None,
+                 check_memory: bool = True):
+        """folder: a released-format folder or an open Checkpoint. progress(layer, layers, seconds) after each
+        layer of each token."""
+        checkpoint = folder if isinstance(folder, Checkpoint) else Checkpoint(folder)
+        self.checkpoint = checkpoint
+        self.config = checkpoint.config
+        if check_memory:
+            check_ram(checkpoint, keep)
+        self.twin_config = self.config.twin()
+        self.seed = self.sample_seed = 0
+        self.temperature = 0.0
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("the prompt is empty; give at least one character to start from.")
+        ids = encode(prompt)
+        if max(ids) >= self.config.vocab_size:
+            raise ValueError(f"byte tokens need vocab_size >= 258; this checkpoint has {self.config.vocab_size}.")
+        self.device = resolve_device(device or "cpu")         # a clear error when CUDA is asked for but absent
+        self.prompt = prompt
+        self.model = StreamedK3(checkpoint, self.device, keep=keep, progress=progress)
+        self.weights, self.twin_model, self.twin_weights = f"{RELEASED}{checkpoint.folder.name}", None, "none"
+        self._frames, self._logits = [], []
+        self._cache = ModelCache(self.config.num_layers)
+        self._twin_cache = ModelCache(self.config.num_layers)
+        self._snapshots, self._bias_cache = {}, {}
+        self._kda_links, self._off_timeline_links = KDALinks(), KDALinks()
+        self._ints = {}
+        from .frame import Choice
+        for i, tok in enumerate(ids):
+            choice = Choice.forced(ids[i + 1]) if i + 1 < len(ids) else Choice.sampled(0.0, 0)
+            self._advance(tok, choice, prompt=True)
+        self.prompt_len = len(ids)
+        self.cursor = len(ids) - 1
+
+
+# ---------------------------------------------------------------------------- what a run needs
+def layer_bytes(config: K3Config) -> dict:
+    """Bytes of the released layout: per token read (non-expert weights of every layer, the head, one embedding
+    row, and top_k experts per MoE layer), the largest layer's non-expert part, one expert, the whole checkpoint."""
+    specs = released_tensors(config, experts=False)
+    expert = sum(spec_bytes(s) for s in expert_tensors(config, config.moe_layers[0], 0).values())
+    layers = {}
+    for n, s in specs.items():
+        key = n.split(".")[3] if ".layers." in n else n
+        layers[key] = layers.get(key, 0) + spec_bytes(s)
+    embed = specs[LM + "model.embed_tokens.weight"]
+    row = spec_bytes(embed) // embed.shape[0]
+    non_expert = sum(layers.values()) - spec_bytes(embed)
+    return {"expert": expert, "experts_per_token": expert * config.top_k * len(config.moe_layers),
+            "non_expert_per_token": non_expert + row, "largest_layer": max(v for k, v in layers.items() if k.isdigit()),
+            "head": spec_bytes(specs[LM + "lm_head.weight"]),
+            "total": sum(spec_bytes(s) for s in specs.values()) + expert * config.num_experts * len(config.moe_layers)}
+
+
+def check_ram(checkpoint: Checkpoint, keep: bool) -> None:
+    """A clear error before the first token when this machine's free RAM cannot hold what a token needs, in the
+    compute dtype: the largest layer's non-expert weights (every layer's with keep), the head and top_k decoded
+    experts."""
+    cfg, size = checkpoint.config, checkpoint.compute_dtype.itemsize
+    per_layer: dict[str, int] = {}
+    for n, s in checkpoint.specs.items():
+        if ".layers." in n and ".experts." not in n:
+            per_layer[n.split(".")[3]] = per_layer.get(n.split(".")[3], 0) + math.prod(s.shape)
+    layers = sum(per_layer.values()) if keep else max(per_layer.values())
+    head = math.prod(checkpoint.specs[LM + "lm_head.weight"].shape)
+    experts = cfg.top_k * 3 * cfg.moe_intermediate * cfg.latent_dim
+    need = (layers + head + experts) * size
+    have = available_ram()
+    if have is not None and need > have:
+        what = "every layer" if keep else "the largest layer"
+        dtype = str(checkpoint.compute_dtype).removeprefix("torch.")
+        raise MemoryError(f"this run needs about {need / 2**30:.1f} GiB of free RAM ({what}, the head and "
+                          f"{cfg.top_k} decoded experts in {dtype}), and {have / 2**30:.1f} GiB is available.")
+
+
+def available_ram() -> int:
+    """Free RAM here (the OS's MemAvailable): what the streamed weights are read into."""
+    from .measure.measurement import available_bytes
+
+    return available_bytes(torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------- the command
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} TB"
+
+
+def main_real(argv: list[str], console) -> int:
+    """`python -m sim real DIR [--prompt TEXT] [--tokens N] [--save RUN.npz] [--device D] [--keep]`."""
+    import argparse
+
+    from rich.table import Table
+
+    p = argparse.ArgumentParser(prog="python -m sim real", description="Stream a released-format K3 checkpoint "
+                                "from DIR layer by layer and show each token's routing, bytes read and time.")
+    p.add_argument("dir", help="folder with config.json, model.safetensors.index.json and the shards")
+    p.add_argument("--prompt", default="Hi")
+    p.add_argument("--tokens", type=int, default=4, help="tokens to generate after the prompt")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cpu)")
+    p.add_argument("--keep", action="store_true", help="keep every layer's non-expert weights in RAM after "
+                   "the first token (experts are still read per token)")
+    p.add_argument("--save", metavar="RUN.npz", default=None, help="write the Frames as a run file "
+                   "(sim.runfile; read it with sim.runfile.read)")
+    p.add_argument("--disk-gbps", type=float, default=2.0, help="disk speed for the time estimate (GB/s)")
+    args = p.parse_args(argv)
+    try:
+        if args.tokens < 0:
+            raise ValueError(f"--tokens must be 0 or more, got {args.tokens}.")
+        status = console.status("reading the checkpoint")
+        spent: list[float] = []                    # this token's layer times
+
+        def progress(done, total, seconds):
+            spent[:] = ([] if done == 1 else spent) + [seconds]
+            token = sim_token()
+            status.update(f"token {token}: layer {done}/{total}, {1e3 * seconds:.0f} ms, "
+                          f"{_size(checkpoint.bytes_read(token))} read so far, "
+                          f"about {sum(spent) / done * total:.1f} s a token")
+
+        checkpoint = Checkpoint(args.dir)          # (the errors about the folder come before anything runs)
+        sim_token = lambda: checkpoint.token       # noqa: E731
+        with status:
+            sim = RealSimulation(checkpoint, args.prompt, device=args.device, keep=args.keep, progress=progress)
+            sim.run(args.tokens)
+        if args.save:
+            from .runfile import save
+            save(sim, args.save)
+    except (ValueError, MemoryError, OSError) as exc:     # ReleasedFormatError and ConfigError are ValueErrors
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    cfg, ck = sim.config, sim.checkpoint
+    layer = cfg.moe_layers[0]
+    t = Table(title=f"{ck.folder.name}: {cfg.num_layers} layers ({len(cfg.kda_layers)} KDA + {len(cfg.mla_layers)} "
+                    f"MLA), {cfg.top_k} of {cfg.num_experts} experts, streamed from disk", title_justify="left")
+    for name in ("pos", "in", "→ next", f"experts L{layer}", "bytes read", "of them experts", "ms",
+                 f"at {args.disk_gbps:g} GB/s"):
+        t.add_column(name)
+    for f in sim.frames:
+        read = ck.bytes_read(f.position)
+        experts = sum(b for tok, n, b in ck.reads if tok == f.position and ".experts." in n)
+        ids = " ".join(str(int(e)) for e in sorted(f.routing_for(layer).expert_ids))
+        t.add_row(str(f.position), f.input_text, f.token_text, ids, _size(read), _size(experts), f"{f.step_ms:.0f}",
+                  f"{read / (args.disk_gbps * 1e9):.3g} s", style="dim" if f.extra.get("prompt") else None)
+    console.print(t)
+    console.print(f"text: {sim.text!r} (byte tokens; see docs/released.md)")
+    if args.save:
+        console.print(f"saved {len(sim.frames)} frames to {args.save}")
+    return 0
