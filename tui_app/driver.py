@@ -27,7 +27,7 @@ from typing import Callable
 
 from sim import Simulation, runfile
 from sim.interventions import check_changes
-from sim.recall_moment import find_query
+from sim.recall_moment import find_query, still_carried
 from tiny_k3.weights import CheckpointError, available_pretrained
 
 PROGRESS_EVERY = 0.1   # seconds between progress reports: often enough for a smooth bar, rarely enough to be free
@@ -354,6 +354,19 @@ class Driver:
         sim.goto(job.step)                      # what_if works at the sim's cursor; the timeline's end otherwise
         try:
             return sim.what_if(*job.changes, steps=job.steps, progress=progress)
+        finally:
+            sim.goto(cursor)
+
+    @staticmethod
+    def run_still_carried(job: WhatIfJob, w):
+        """[worker thread] After a what-if that reset some KDA states and left the next token alone: the same
+        token with every KDA state reset (and each KDA layer alone) beside it, sim.recall_moment.still_carried;
+        None for any other what-if. The timeline is untouched and the sim's cursor put back."""
+        job.flag.check()
+        sim, cursor = job.sim, job.sim.cursor
+        sim.goto(job.step)
+        try:
+            return still_carried(sim, w)
         finally:
             sim.goto(cursor)
 

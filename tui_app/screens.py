@@ -1,9 +1,16 @@
-"""Modal screens: edit the prompt, switch preset, the help. Each returns its answer with `dismiss`."""
+"""Modal screens: edit the prompt, switch preset, the help. Each returns its answer with `dismiss`.
+
+Every modal screen of the app is a `Dialog`: it dismisses once. A terminal delivers a double Enter (a
+double tap, key repeat, or two keys in one write) before the first one has popped the screen, so the
+widget's second "selected" / "submitted" message reaches a screen that is already leaving; dismissing
+again would pop the screen *under* it (issue 24: ScreenStackError, or the main screen gone).
+"""
 
 from __future__ import annotations
 
 from textual import on
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
@@ -15,7 +22,31 @@ from tiny_k3.config import K3Config
 from .help import HELP
 
 
-class PromptScreen(ModalScreen[str | None]):
+class DismissOnce:
+    """Mixed into a Screen: it dismisses exactly once, and ignores every key and message once it is leaving.
+
+    `closing` turns True at the first dismiss; later dismisses are no-ops (and so is one of a screen that is
+    no longer on top: it must never pop another screen), and `check_action` turns the screen's bindings
+    off. Handlers of widget messages (OptionSelected, Submitted) check `closing` first.
+    """
+
+    closing = False
+
+    def dismiss(self, result=None) -> AwaitComplete:
+        if self.closing or not self.is_current:
+            return AwaitComplete.nothing()
+        self.closing = True
+        return super().dismiss(result)
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        return not self.closing
+
+
+class Dialog(DismissOnce, ModalScreen):
+    """The app's modal screens: prompt, preset, help, the what-if menu and result."""
+
+
+class PromptScreen(Dialog):
     """A new prompt (Enter) or nothing (Escape)."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
@@ -36,13 +67,14 @@ class PromptScreen(ModalScreen[str | None]):
 
     @on(Input.Submitted)
     def submit(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
+        if not self.closing:
+            self.dismiss(event.value)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
 
 
-class PresetScreen(ModalScreen[str | None]):
+class PresetScreen(Dialog):
     """Another preset (Enter) or nothing (Escape). It opens on the preset after the current one, so Enter
     always switches; the current one is marked."""
 
@@ -71,13 +103,14 @@ class PresetScreen(ModalScreen[str | None]):
 
     @on(OptionList.OptionSelected)
     def pick(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(event.option.id)
+        if not self.closing:
+            self.dismiss(event.option.id)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Dialog):
     BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
 
     def compose(self) -> ComposeResult:

@@ -15,13 +15,13 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from sim.interventions import describe
 from sim.whatif import WhatIf, branch_timeline
 
 from .panels import DepthPanel, MemoryPanel, RoutingPanel, StatePanel, View, quoted
+from .screens import Dialog
 
 PANEL_CLASSES = {"routing": RoutingPanel, "state": StatePanel, "depth": DepthPanel, "memory": MemoryPanel}
 SAME = "none (identical)"   # first_divergence when no sublayer moved
@@ -51,10 +51,13 @@ def top_table(before, after) -> Table:
     return table
 
 
-def summary(w: WhatIf, step: int) -> Group:
-    """The what-if in text: the change, both continuations, step `step`'s top-5, KL and divergence per step."""
+def summary(w: WhatIf, step: int, carried=None) -> Group:
+    """The what-if in text: the change, both continuations, step `step`'s top-5, KL and divergence per step;
+    `carried` (sim.recall_moment.StillCarried) says who still holds an answer that a reset left alone."""
     changes = ", ".join(describe(c) for c in w.changes) or "nothing (the original, recomputed)"
     head = Text.assemble(("what if: ", "bold"), changes, f"  ·  at step {w.position}, {w.steps} tokens")
+    if carried is not None:
+        head = Text.assemble(head, "\n", ("still carried: ", "bold yellow"), carried.sentence())
     runs = Text.assemble(("original: ", "bold"), continuation(w.original), "\n",
                          ("what-if:  ", "bold magenta"), continuation(w.frames))
     twin = bool(w.twin_kl)                  # a window: the all-MLA twin under the same window, beside
@@ -78,15 +81,16 @@ def lit_expert(w: WhatIf, step: int, layer: int) -> int:
     return new[0] if new else -1
 
 
-class WhatIfScreen(ModalScreen[None]):
+class WhatIfScreen(Dialog):
     """Full screen (modal, so the main timeline's keys are off while it shows)."""
 
     BINDINGS = [Binding("escape", "close", "back to the timeline"), Binding("n", "move(1)", "next step"),
                 Binding("b", "move(-1)", "previous step")]
 
-    def __init__(self, w: WhatIf, sim, panel: str, layer: int, head: int):
+    def __init__(self, w: WhatIf, sim, panel: str, layer: int, head: int, carried=None):
         super().__init__()
         self.w, self.panel_name, self.panel_layer, self.panel_head = w, panel, layer, head
+        self.carried = carried
         self.branch = branch_timeline(sim, w)
         self.step = 0
 
@@ -108,7 +112,7 @@ class WhatIfScreen(ModalScreen[None]):
                     None, False, lit_expert(self.w, self.step, self.panel_layer))
 
     def _draw(self) -> None:
-        self.query_one("#whatif-summary", Static).update(summary(self.w, self.step))
+        self.query_one("#whatif-summary", Static).update(summary(self.w, self.step, self.carried))
         panel = self.query_one("#whatif-panel")
         panel.show(self.view())
         panel.border_subtitle = f"the branch, step {self.step} of {self.w.steps - 1}"
