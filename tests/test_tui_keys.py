@@ -89,8 +89,13 @@ async def test_the_palette_runs_its_command_once_on_a_double_enter():
         await settle(pilot)
         layers = count_calls(app, "select_layer")
         burst(app, "ctrl+p", *"layer 2")
-        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette)
-                         and app.screen.query_one("CommandList").highlighted is not None, what="the palette")
+        def found() -> bool:                            # the search has run: its best hit is highlighted
+            if not isinstance(app.screen, CommandPalette):
+                return False
+            option = app.screen.query_one("CommandList").highlighted_option
+            return option is not None and str(option.prompt).startswith("Go to layer 2")
+
+        await wait_until(pilot, found, what="the palette's search")
         burst(app, "enter", "enter", "enter")
         await drain(pilot)
         await settle(pilot)
@@ -133,6 +138,9 @@ async def test_hundreds_of_random_keys_without_waiting_leave_the_app_running(tmp
                          and not app.driver.busy, 300, "the last job")
         while not on_main(app):                         # whatever is still open closes with Escape
             burst(app, "escape")
+            await drain(pilot)
+        if app.running:                                 # r may have left it generating: pause it
+            burst(app, "r")
             await drain(pilot)
         await settle(pilot, 300)
         assert on_main(app) and app.sim is not None and app._exception is None and app.is_running

@@ -26,16 +26,19 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from sim import render
 from sim.interventions import describe
 from sim.memory import format_bytes
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.tokenizer import token_text
+from tiny_k3.weights import config_for
 
 from .commands import K3Commands, K3Palette
-from .driver import WHAT_IF_STEPS, Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec, WhatIfJob
+from .driver import (WHAT_IF_STEPS, Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec, WhatIfJob, runs_dir,
+                     save_note)
+from .footer import K3Footer
 from .panels import (DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, crossover_tokens, plural,
                      quoted, routing_headline, timeline_text)
 from .screens import HelpScreen, PresetScreen, PromptScreen
@@ -141,26 +144,28 @@ class TinyK3App(App):
     CSS_PATH = Path(__file__).with_name("tui.tcss")
     TITLE = "tiny-k3"
     COMMANDS = App.COMMANDS | {K3Commands}
+    # In the footer's order: K3Footer shows the first ones that fit the width (80 columns: n to s), ? all.
     BINDINGS = [
         Binding("n", "next", "next"),
         Binding("right", "next", "next", show=False),
         Binding("b", "back", "back"),
         Binding("left", "back", "back", show=False),
+        Binding("x", "what_if", "what-if"),
         Binding("r", "run", "run"),
-        Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
-        Binding("i", "step_in", "in"),
-        Binding("o", "step_out", "out", show=False),
         Binding("j", "layer(1)", "layer", key_display="j/k"),
         Binding("k", "layer(-1)", "layer-", show=False),
-        Binding("h", "head(1)", "head", show=False),
-        Binding("H", "head(-1)", "head-", show=False),
         Binding("e", "edit_prompt", "prompt"),
         Binding("p", "preset", "preset"),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
         Binding("s", "save", "save"),
         Binding("c", "compare", "compare"),
         Binding("z", "zoom", "zoom"),
-        Binding("x", "what_if", "what-if"),
+        Binding("i", "step_in", "in"),
+        Binding("ctrl+p", "command_palette", "palette", key_display="^p"),
+        Binding("o", "step_out", "out", show=False),
+        Binding("h", "head(1)", "head", show=False),
+        Binding("H", "head(-1)", "head-", show=False),
         Binding("tab", "cycle_panel(1)", "panel", show=False, priority=True),
         Binding("shift+tab", "cycle_panel(-1)", "panel", show=False, priority=True),
         Binding("escape", "cancel", "cancel", show=False),
@@ -178,15 +183,15 @@ class TinyK3App(App):
 
     def __init__(self, preset: str | None = None, prompt: str | None = None, seed: int = 0,
                  device: str | None = None, *, weights: str = "auto", show_timings: bool = True,
-                 lookahead: int = 2, open_path: str | None = None, save_dir: str | Path = "."):
+                 lookahead: int = 2, open_path: str | None = None, save_dir: str | Path | None = None):
         super().__init__()
         preset = preset or DEFAULT_PRESET
         self.spec = RunSpec(preset, DEFAULT_PROMPT if prompt is None else prompt, seed, weights, device, open_path)
         self.driver = Driver(lookahead=lookahead)
         self.show_timings = show_timings
-        self.save_dir = Path(save_dir)
+        self.save_dir = runs_dir() if save_dir is None else Path(save_dir)   # `s` writes here
         try:
-            self.config = K3Config.preset(preset)
+            self.config = config_for(preset)
         except ValueError:
             self.config = K3Config.preset(DEFAULT_PRESET)
         self.session = 0                    # bumps with every installed session: panels key on it
@@ -243,7 +248,7 @@ class TinyK3App(App):
         yield Static(id="progress")
         yield Static(id="message")
         yield Static(id="status")
-        yield Footer(compact=True)   # compact: all the keys fit 120 columns
+        yield K3Footer()             # the keys that fit the width, in BINDINGS order
 
     def on_mount(self) -> None:
         asyncio.get_running_loop().set_default_executor(
@@ -719,6 +724,7 @@ class TinyK3App(App):
     @work(thread=True, exclusive=True, group="save", exit_on_error=False)
     def _save_worker(self, sim, path: Path, step: int) -> None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             sim.save(path, cursor=step)
         except (OSError, ValueError) as exc:
             self.post_message(SaveFinished(str(path), step, error=f"{type(exc).__name__}: {exc}"))
@@ -732,7 +738,7 @@ class TinyK3App(App):
         if msg.error:
             self._set_message(Text.assemble(("Not saved: ", "bold red"), msg.error))
         else:
-            self._set_message(f"saved at step {msg.step} to {msg.path}; reopen with: tiny-k3 --open {msg.path}")
+            self._set_message(save_note(Path(msg.path), msg.step))
 
     async def action_quit(self) -> None:
         """Quit now, whatever is running: jobs stop at their next cancel check (between two tokens)."""

@@ -8,8 +8,7 @@ from textual import on
 from textual.command import CommandPalette, DiscoveryHit, Hit, Provider
 from textual.widgets import Button, Input, OptionList
 
-from tiny_k3.config import K3Config
-
+from .driver import tui_presets
 from .screens import DismissOnce
 from .whatif_menu import PALETTE
 
@@ -65,7 +64,7 @@ class K3Commands(Provider):
         for layer in range(cfg.num_layers):
             yield from once(f"Go to layer {layer}", f"{cfg.layer_kinds[layer].upper()} layer",
                             partial(app.select_layer, layer))
-        for name in K3Config.runnable_presets():
+        for name in tui_presets():
             yield from once(f"Preset {name}", "restart on this preset", partial(app.load_session, preset=name))
         yield "Toggle compare mode", "hybrid vs the all-softmax twin", app.action_compare
         yield "Run / pause", "generate continuously", app.action_run

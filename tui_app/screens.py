@@ -12,14 +12,15 @@ from textual import on
 from textual.app import ComposeResult
 from textual.await_complete import AwaitComplete
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tiny_k3.config import K3Config
+from tiny_k3.weights import config_for
 
-from .help import HELP
+from .driver import tui_presets
+from .help import help_renderable
 
 
 class DismissOnce:
@@ -86,18 +87,19 @@ class PresetScreen(Dialog):
 
     def compose(self) -> ComposeResult:
         options = []
-        for name in K3Config.runnable_presets():
-            c = K3Config.preset(name)
+        for name in tui_presets():
+            c = config_for(name)
             mark = " (current)" if name == self.current else ""
+            kind = ", all MLA: the shipped all-softmax twin" if name.endswith("-twin") else ""
             options.append(Option(f"{name:<12} {c.num_layers:>3} layers, {c.top_k} of {c.num_experts} experts, "
-                                  f"d={c.hidden_size}{mark}", id=name))
+                                  f"d={c.hidden_size}{kind}{mark}", id=name))
         with Vertical(id="preset-box", classes="dialog"):
             yield Static("[b]Switch preset[/b] (k3 itself is only counted, never run). Enter picks, Escape "
                          "cancels.", classes="dialog-label")
             yield OptionList(*options, id="preset-list")
 
     def on_mount(self) -> None:
-        names = K3Config.runnable_presets()
+        names = tui_presets()
         here = names.index(self.current) if self.current in names else -1
         self.query_one(OptionList).highlighted = (here + 1) % len(names)
 
@@ -111,11 +113,18 @@ class PresetScreen(Dialog):
 
 
 class HelpScreen(Dialog):
+    """The help, in a box that scrolls where the terminal is shorter than the text (80x24: ↑ ↓, page keys);
+    how to close it stays in the box's border, on screen at any size."""
+
     BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-box", classes="dialog"):
-            yield Static(HELP, id="help-text")
+        with VerticalScroll(id="help-box", classes="dialog") as box:
+            box.border_subtitle = "↑ ↓ scroll · Escape closes"
+            yield Static(help_renderable(), id="help-text")
+
+    def on_mount(self) -> None:
+        self.query_one("#help-box").focus()
 
     def action_close(self) -> None:
         self.dismiss(None)
