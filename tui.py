@@ -1,7 +1,8 @@
 """tiny-k3's main job: step through generation and watch MoE routing, the KDA state, the cache and AttnRes.
 
     python tui.py [--preset small] [--prompt "key=7; 3+4="] [--seed 0] [--weights auto] [--device cpu]
-    python tui.py --open RUN.npz        # a run saved with `s`, at the step it was saved
+    python tui.py --open RUN.npz        # a run saved with `s` (in runs/), at the step it was saved
+    python3 dev.py run --open runs/RUN.npz   # the same through dev.py, from the checkout
 
 The app lives in the tui_app package beside this file (driver, panels, screens); this module checks the
 environment and the command line, then runs it. Every bad value is one sentence and exit status 2, before
@@ -27,11 +28,13 @@ import threading
 import time
 
 from sim import runfile
-from tiny_k3.config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
+from tiny_k3.config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT
 from tiny_k3.model import resolve_device
 from tiny_k3.tokenizer import encode
 from tui_app import TinyK3App
+from tiny_k3.weights import config_for
 from tui_app.app import WORKER_THREAD
+from tui_app.driver import tui_presets
 
 __all__ = ["TinyK3App", "main", "parse_args"]
 
@@ -59,7 +62,7 @@ def _seed(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked: raises UsageError with one sentence naming the value and what is allowed."""
-    presets = K3Config.runnable_presets()
+    presets = tui_presets()
     parser = _Parser(prog="tiny-k3", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(presets)}")
     parser.add_argument("--prompt", default=None, help="the text to start from (default: a short example)")
@@ -77,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
     if not prompt:
         raise UsageError("The prompt is empty; give at least one character to start from.")
-    limit = K3Config.preset(args.preset).max_seq_len
+    limit = config_for(args.preset).max_seq_len
     if len(encode(prompt)) >= limit:
         raise UsageError(f"The prompt is {len(prompt.encode())} bytes but preset {args.preset!r} holds {limit} "
                          f"tokens in all, so use at most {limit - 2} bytes.")

@@ -6,8 +6,16 @@ Two measurements, both from one forward pass over the text so far (no Frame need
 * **Which head recalls.** For every KDA layer and head, the delta rule (kda.md §1) is replayed token by
   token from the recorded q, k, v, g, beta: the write of token d is u_d = beta_d (v_d - (Diag(alpha_d)
   S_{d-1})^T k_d) (the value it stores under key k_d), and the read at the query t is r_t = S_t^T q_t.
-  A head that recalls returns, at the query, what it wrote at the definition: cos(r_t, u_d) near 1 for
-  some d inside "q=8;". The head with the largest cosine is named.
+  Unrolled, S_t = sum_d (Diag(A_{d,t}) k_d) u_d^T with A_{d,t} = prod_{s=d+1..t} alpha_s, so the read is
+  exactly a sum of one term per earlier write: r_t = sum_d c_d, c_d = (q_t . (A_{d,t} * k_d)) u_d.
+  The write that can hold the value is the one made AT THE VALUE TOKEN of "q=8;" (the "8"; the "=" before
+  it cannot know the digit). Heads are ranked by the share of their read that this one write explains,
+  <r_t, c_val> / |r_t|^2 (1: the read is that write and nothing else); the cosine cos(r_t, u_val) is kept
+  beside it. Ranking by the cosine alone misnames a head when the digit was also written by another key
+  ("b=9; d=9; | d="): a head that returns any 9 matches both writes equally.
+  A head is named as the one that *reads the value back* (`RecallMoment.reading_head`) only when the model
+  answers the query right and that write explains at least MIN_SHARE of the head's read; a model at
+  random init answers a stray byte, and no head is named.
 * **Which sublayers moved the answer.** The logits are W_U (w * h / rms(h)) with h the output depth read,
   a weighted sum of depth sources (attnres.md §2); each sublayer output v_j lies in one source, so with
   rms(h) held fixed the answer's margin over the other digits splits exactly into one term per sublayer
@@ -27,6 +35,11 @@ from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import BOS, EOS, decode, encode
 
 DIGITS = [ord(str(d)) for d in range(10)]
+# A head reads the value back when the value token's write explains at least this share of its read at the
+# query. Measured on the shipped `small` (the default prompt and 24 recall lines): the head whose reset hurts
+# recall most has a share of 0.31 to 0.93; at random init the best head's share is 0.02 to 0.2 on `small` and
+# `k3-topo` while the model answers a stray byte (tests/test_recall_moment.py states both sides).
+MIN_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -38,13 +51,19 @@ class RecallQuery:
     value: str             # the digit defined before the mark
     defined_at: tuple[int, ...]   # token positions of the definition "key=value;"
 
+    @property
+    def value_at(self) -> int:
+        """Position of the value token of the definition (the "8" of "q=8;")."""
+        return self.defined_at[2]
+
 
 @dataclass(frozen=True)
 class HeadMatch:
     layer: int
     head: int
-    cosine: float          # cos(read at the query, the best-matching write inside the definition)
-    written_at: int        # the definition token whose write it matches
+    share: float           # <read, c_val> / |read|^2: the share of the read at the query that the value's write explains
+    cosine: float          # cos(read at the query, the write u made at the value token)
+    written_at: int        # the value token's position (whose write is matched)
 
 
 @dataclass(frozen=True)
@@ -65,7 +84,33 @@ class RecallMoment:
 
     @property
     def best_head(self) -> HeadMatch | None:
+        """The best-ranked KDA head (largest share), whether or not the model recalls; None without KDA."""
         return self.heads[0] if self.heads else None
+
+    @property
+    def answered(self) -> bool:
+        """The model's argmax at the query is the value defined before the mark."""
+        return self.predicted == self.query.value
+
+    @property
+    def reading_head(self) -> HeadMatch | None:
+        """The head that reads the value back: the best head, when the model answers right and the value's
+        write explains at least MIN_SHARE of that head's read; else None (`why_no_head` says why)."""
+        best = self.best_head
+        return best if best is not None and self.answered and best.share >= MIN_SHARE else None
+
+    @property
+    def why_no_head(self) -> str | None:
+        """One clause: why no head is named (None when one is)."""
+        best = self.best_head
+        if best is None:
+            return "the model has no KDA layer"
+        if not self.answered:
+            return f"the model answers {self.predicted!r}, not {self.query.value!r}"
+        if best.share < MIN_SHARE:
+            return (f"no head's read is mostly that write (best L{best.layer} h{best.head}: {best.share:.0%}, "
+                    f"under {MIN_SHARE:.0%})")
+        return None
 
     def top_moves(self, n: int = 3) -> tuple[LogitMove, ...]:
         return tuple(sorted(self.moves, key=lambda m: -abs(m.margin))[:n])
@@ -114,6 +159,17 @@ class _Capture(Recorder):
             self.h = d["h"][0]
 
 
+def write_contribution(q, k, g, writes, t: int, d: int) -> torch.Tensor:
+    """c_d [H, V]: the term of write d (d <= t) in the read at t, r_t = sum_{d<=t} c_d (float64).
+
+    q, k, g [T, H, K], writes [T, H, V] (from delta_rule_reads_and_writes): c_d = (q_t . (A_{d,t} * k_d)) u_d
+    with A_{d,t} = exp(sum_{s=d+1..t} g_s) the decay between the write and the read.
+    """
+    decay = g[d + 1:t + 1].double().sum(0).exp()                          # [H, K]
+    weight = (q[t].double() * decay * k[d].double()).sum(-1)              # [H]
+    return weight[:, None] * writes[d]
+
+
 def delta_rule_reads_and_writes(q, k, v, g, beta) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k, g [T, H, K], v [T, H, V], beta [T, H] -> (reads r [T, H, V], writes u [T, H, V]) from S_0 = 0.
 
@@ -142,15 +198,17 @@ def recall_moment(model, ids: list[int], position: int) -> RecallMoment | None:
     logits, _ = model(torch.tensor([ids[:position + 1]], device=model.device), recorder=cap)
 
     heads = []
+    value_at = query.value_at
     for layer, rec in sorted(cap.kda.items()):
         reads, writes = delta_rule_reads_and_writes(*(rec[k] for k in ("q", "k", "v", "g", "beta")))
         read = reads[position]                                               # [H, V]
+        term = write_contribution(rec["q"], rec["k"], rec["g"], writes, position, value_at)
         for h in range(read.shape[0]):
-            cos = [float(torch.nn.functional.cosine_similarity(read[h], writes[d, h], dim=0))
-                   for d in query.defined_at]
-            best = int(np.argmax(cos))
-            heads.append(HeadMatch(layer, h, cos[best], query.defined_at[best]))
-    heads.sort(key=lambda m: -m.cosine)
+            norm2 = float(read[h] @ read[h])
+            share = float(read[h] @ term[h]) / norm2 if norm2 > 0 else 0.0
+            cos = float(torch.nn.functional.cosine_similarity(read[h], writes[value_at, h], dim=0))
+            heads.append(HeadMatch(layer, h, share, cos, value_at))
+    heads.sort(key=lambda m: -m.share)
 
     cfg = model.config
     answer = ord(query.value)
@@ -178,3 +236,68 @@ def recall_query_positions(text: str) -> list[int]:
     ids = encode(text)
     return [i for i in range(len(ids)) if find_query(ids, i) is not None]
 
+
+
+# ------------------------------------------------------------------ when a reset leaves the answer alone
+
+PER_LAYER_LIMIT = 16    # reset each KDA layer alone beside it when there are at most this many (k3-topo has 69)
+
+
+@dataclass(frozen=True)
+class StillCarried:
+    """A state reset that left the next token as it was, and what still carries it, measured beside it by
+    resetting every KDA state (and each KDA layer alone) at the same token: Simulation.what_if, one step."""
+
+    answer: str                     # the token the original and the reset both choose
+    p_before: float                 # its probability in the original
+    p_reset: float                  # ... under the asked reset
+    p_all_kda: float                # ... with every KDA state reset
+    all_kda_answer: str             # the argmax with every KDA state reset
+    layers: tuple[tuple[int, float], ...]   # (KDA layer, p(answer) with that layer reset), lowest p first
+    has_mla: bool                   # the preset has MLA layers (softmax over the whole context)
+
+    def sentence(self) -> str:
+        """One or two sentences for the what-if screen."""
+        kept = (f"'{self.answer}' survives this reset (p {self.p_before:.3f} → {self.p_reset:.3f}), so other "
+                f"parts still carry it.")
+        if self.all_kda_answer != self.answer:
+            moved = [f"L{layer} ({p:.3f})" for layer, p in self.layers if self.p_before - p >= 0.05][:3]
+            where = (f" Reset alone, these KDA layers lower p('{self.answer}') most: {', '.join(moved)}." if moved
+                     else "")
+            return (f"{kept} With every KDA state reset beside it the answer becomes '{self.all_kda_answer}' "
+                    f"(p('{self.answer}') {self.p_all_kda:.3f}): other KDA heads hold it.{where}")
+        carrier = ("the MLA layers carry it (softmax over the whole context)" if self.has_mla else
+                   "no recurrent state carries it (the query's own tokens give it)")
+        return (f"{kept} Even with every KDA state reset beside it the answer stays '{self.answer}' "
+                f"(p {self.p_all_kda:.3f}): {carrier}.")
+
+
+def _is_partial_reset(changes) -> bool:
+    from .interventions import ResetState
+
+    return bool(changes) and all(isinstance(c, ResetState) for c in changes) and \
+        not any(c.layer is None and c.head is None for c in changes)
+
+
+def still_carried(sim, w) -> StillCarried | None:
+    """For a what-if `w` made at sim's cursor (w.position == sim.cursor) whose changes reset some KDA heads
+    or layers (not all) and left the next token unchanged: the same token with every KDA state reset, and
+    with each KDA layer reset alone (up to PER_LAYER_LIMIT layers). None for any other what-if."""
+    from .interventions import ResetState
+
+    if not _is_partial_reset(w.changes) or sim.cursor != w.position:
+        return None
+    answer_id, answer, _ = w.top_before[0][0]
+    if w.top_after[0][0][0] != answer_id:
+        return None
+
+    def p_answer(logits) -> float:
+        return float(torch.softmax(torch.tensor(np.array(logits), dtype=torch.float64), -1)[answer_id])
+
+    p_before, p_reset = p_answer(w.logits_before[0]), p_answer(w.logits_after[0])
+    every = sim.what_if(ResetState())
+    kda = sim.config.kda_layers
+    layers = [] if len(kda) > PER_LAYER_LIMIT else [
+        (layer, p_answer(sim.what_if(ResetState(layer)).logits_after[0])) for layer in kda]
+    return StillCarried(answer, p_before, p_reset, p_answer(every.logits_after[0]), every.top_after[0][0][1],
+                        tuple(sorted(layers, key=lambda lp: lp[1])), bool(sim.config.mla_layers))

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
+import numpy as np
+import pytest
 import torch
 
-from sim.recall_moment import delta_rule_reads_and_writes, find_query, recall_moment, recall_query_positions
+from sim import Simulation
+from sim.interventions import ResetState
+from sim.recall_moment import (MIN_SHARE, delta_rule_reads_and_writes, find_query, recall_moment,
+                               recall_query_positions, write_contribution)
 from tiny_k3 import K3Config, TinyK3
+from tiny_k3.config import DEFAULT_PROMPT
+from tiny_k3.corpus import recall_line, recall_pairs
 from tiny_k3.kda import kda_recurrent
 from tiny_k3.tokenizer import encode
 
@@ -55,5 +65,71 @@ def test_logit_moves_sum_to_the_answer_margin():
         assert abs(moment.margin - float(last[ord("1")] - last[others].mean())) < 1e-9
         assert abs(sum(m.margin for m in moment.moves) - moment.margin) < 1e-9
         n_heads = sum(b.kind == "kda" for b in model.blocks) * model.config.kda_heads
-        assert len(moment.heads) == n_heads and moment.heads[0].cosine == max(h.cosine for h in moment.heads)
+        assert len(moment.heads) == n_heads and moment.heads[0].share == max(h.share for h in moment.heads)
         assert recall_moment(model, ids, 2) is None
+
+
+def test_the_read_is_the_sum_of_one_term_per_write():
+    torch.manual_seed(2)
+    T, H, K = 9, 2, 4
+    q, k = (torch.nn.functional.normalize(torch.randn(T, H, K, dtype=torch.float64), dim=-1) for _ in range(2))
+    v, g, beta = torch.randn(T, H, K, dtype=torch.float64), -torch.rand(T, H, K, dtype=torch.float64), torch.rand(T, H)
+    reads, writes = delta_rule_reads_and_writes(q, k, v, g, beta)
+    for t in (0, 4, T - 1):
+        total = sum(write_contribution(q, k, g, writes, t, d) for d in range(t + 1))
+        assert torch.allclose(total, reads[t], atol=1e-12)
+
+
+# ------------------------------------------------------------------ the head that reads the value back
+
+def recall_lines(n: int, seed: int = 7) -> list[str]:
+    """n recall queries from the corpus's own line maker: 2-4 pairs, 0-16 bytes of filler, one key asked,
+    cut after its "=" (a fixed seed; several repeat a digit under two keys, e.g. "b=9; ... d=9; | d=")."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        pairs = recall_pairs(rng, rng.choice([2, 3, 4]))
+        asked = rng.choice(pairs)
+        out.append(recall_line(rng, pairs, rng.choice([0, 8, 16]), [asked])[:-2])   # "... | d=9;" -> "... | d="
+    return out
+
+
+def answer_probability(logits, value: str) -> float:
+    return float(torch.softmax(torch.tensor(np.array(logits), dtype=torch.float64), -1)[ord(value)])
+
+
+RECALL_TEXTS = [DEFAULT_PROMPT] + recall_lines(8)
+
+
+@pytest.mark.parametrize("text", RECALL_TEXTS)
+def test_the_named_head_is_the_one_whose_reset_hurts_recall_most(text):
+    """The shipped `small` answers these queries; the head named is the one whose state reset (the what-if
+    the TUI offers, ResetState at the query) lowers p(value) most, among every KDA head."""
+    sim = Simulation("small", text, twin=False)
+    moment = sim.recall_moment()
+    assert moment.answered, (text, moment.predicted)
+    named = moment.reading_head
+    assert named is not None, moment.why_no_head
+    assert named.written_at == moment.query.value_at and sim.frames[named.written_at].input_text == moment.query.value
+    before = answer_probability(sim.what_if().logits_before[0], moment.query.value)
+    drop = {(h.layer, h.head): before - answer_probability(sim.what_if(ResetState(h.layer, h.head)).logits_after[0],
+                                                           moment.query.value) for h in moment.heads}
+    assert max(drop, key=drop.get) == (named.layer, named.head), (text, drop)
+
+
+@pytest.mark.parametrize("preset", ["small", "k3-topo"])
+def test_a_model_at_random_init_names_no_reading_head(preset):
+    sim = Simulation(preset, DEFAULT_PROMPT, weights="random", twin=False)
+    moment = sim.recall_moment()
+    assert moment.best_head is not None and moment.reading_head is None
+    if not moment.answered:                             # what random init does: a stray byte
+        assert moment.why_no_head == f"the model answers {moment.predicted!r}, not {moment.query.value!r}"
+    else:                                               # a lucky digit: then its read is not that write
+        assert moment.best_head.share < MIN_SHARE and "no head's read is mostly that write" in moment.why_no_head
+
+
+def test_a_weak_match_names_no_head_even_when_the_answer_is_right():
+    moment = Simulation("small", DEFAULT_PROMPT, twin=False).recall_moment()
+    weak = dataclasses.replace(moment, heads=tuple(dataclasses.replace(h, share=MIN_SHARE / 2) for h in moment.heads))
+    assert weak.answered and weak.reading_head is None and "under 25%" in weak.why_no_head
+    assert dataclasses.replace(moment, predicted="?").reading_head is None

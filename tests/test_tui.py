@@ -7,6 +7,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import sim as sim_pkg
 from sim.memory import cache_bytes, format_bytes
@@ -19,8 +20,10 @@ from sim import Simulation
 from tiny_k3.config import DEFAULT_PROMPT, K3Config
 from tiny_k3.tokenizer import encode
 from tui_app.driver import Driver
+from tui_app.footer import K3Footer
 from tui_app.panels import View, crossover_tokens, memory_table, routing_headline
 from tui_app.screens import HelpScreen, PresetScreen, PromptScreen
+from tui_app.whatif_screen import fmt_kl
 from tui_pilot import PROMPT, make_app, screen_text, settle, sync, wait_until
 
 SIZE = (160, 48)
@@ -588,16 +591,105 @@ def test_snapshot_recall_moment(snap_compare):
     assert snap_compare(make_app(prompt="k=7; | k="), terminal_size=SIZE, run_before=settle)
 
 
+async def open_routing_what_if(pilot) -> None:
+    """x on the routing panel, the first entry (ablate the top expert), until the result screen is drawn."""
+    await settle(pilot)
+    await pilot.press("1", "x")
+    await pilot.pause()
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "WhatIfScreen", what="the what-if")
+    await settle(pilot)
+
+
 def test_snapshot_what_if_result(snap_compare):
     """x on the routing panel, the first entry (ablate the top expert): the result screen, step 1 of the branch."""
     async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("1", "x")
-        await pilot.pause()
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "WhatIfScreen", what="the what-if")
-        await settle(pilot)
+        await open_routing_what_if(pilot)
         await pilot.press("n")
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+# ------------------------------------------------------------------------------- small terminals (issue 24)
+
+SMALL_SIZES = [(MIN_WIDTH, MIN_HEIGHT), (100, 30)]
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES)
+@sync
+async def test_the_footer_shows_whole_keys_x_among_them(size):
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        footer = screen_text(app).splitlines()[-1].rstrip()
+        shown = app.query_one(K3Footer).fitting(size[0])
+        expected = " ".join(f"{app.get_key_display(b)} {b.description}" for b, _, _ in shown)
+        assert footer == expected                      # whole keys only, nothing after them ("^p palettep")
+        assert "x what-if" in footer and "q quit" in footer and "? help" in footer
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES)
+@sync
+async def test_help_scrolls_to_its_end_on_a_small_terminal(size):
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await pilot.press("?")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "Escape closes" in text                 # the border says how to close it, at any size
+        box = app.screen.query_one("#help-box")
+        assert box.max_scroll_y > 0 and app.screen.focused is box
+        last = "Escape or ? closes this help"
+        assert last not in text
+        await pilot.press("end")
+        await pilot.pause(0.2)
+        assert last in screen_text(app) and box.scroll_y == box.max_scroll_y
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES)
+@sync
+async def test_the_what_if_result_shows_the_whole_top_5_and_the_kl_column(size):
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await open_routing_what_if(pilot)
+        w = app.screen.w
+        text = screen_text(app)
+        lines = text.splitlines()
+        head = next(i for i, line in enumerate(lines) if "before" in line and "after" in line)
+        for row, ((_, tb, pb), (_, ta, pa)) in enumerate(zip(w.top_before[0], w.top_after[0]), start=1):
+            assert f"{pb:.3f}" in lines[head + row] and f"{pa:.3f}" in lines[head + row]
+        assert " KL " in text and fmt_kl(w.kl[0]) in text
+        summary = app.screen.query_one("#whatif-summary")
+        if summary.max_scroll_y > 0:                   # the rest of the per-step table scrolls into view
+            summary.focus()
+            await pilot.press("end")
+            await pilot.pause(0.2)
+            row = f"{w.steps - 1}     {w.position + w.steps - 1}"
+            assert row in screen_text(app)
+        await pilot.press("tab")                        # one column at a time: the branch's panel
+        await pilot.pause()
+        assert "the branch, step 0" in screen_text(app) and "next token, top 5" not in screen_text(app)
+
+
+def test_snapshot_compact_100x30(snap_compare):
+    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=settle)
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_snapshot_help(snap_compare, size):
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("?")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_snapshot_what_if_result_small(snap_compare, size):
+    assert snap_compare(make_app(), terminal_size=size, run_before=open_routing_what_if)

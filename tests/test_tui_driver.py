@@ -18,6 +18,7 @@ class FakeSim:
         self.frames = list(range(prompt_frames))
         self.config = SimpleNamespace(max_seq_len=max_seq_len, name="fake")
         self.cursor = prompt_frames - 1
+        self.prompt_len = prompt_frames
         self.gate = gate
         self.steps = 0
 

@@ -7,8 +7,12 @@ from sim import Simulation
 from tiny_k3.config import DEFAULT_PROMPT
 from tui import TinyK3App
 from tui_app.driver import Driver, Loaded, RunSpec
+from sim.interventions import ResetState
 from tui_app.panels import margin_share
-from tui_pilot import make_app, settle, sync
+from tui_app.whatif_menu import menu_for
+from sim.recall_moment import still_carried
+from tui_app.whatif_screen import WhatIfScreen
+from tui_pilot import make_app, screen_text, settle, sync, wait_until
 
 SIZE = (160, 48)
 
@@ -19,9 +23,13 @@ def normal(text: str) -> str:
 
 
 def expected(moment, frames) -> tuple[str, list[str]]:
-    best, q = moment.best_head, moment.query
-    head = (f"recall L{best.layer} h{best.head} reads back {q.key}={q.value} (cos {best.cosine:.2f} with the "
-            f"write at '{frames[best.written_at].input_text}', position {best.written_at})")
+    best, q = moment.reading_head, moment.query
+    if best is None:
+        head = f"recall {q.key}={q.value}: no KDA head reads it back ({moment.why_no_head})"
+    else:
+        head = (f"recall L{best.layer} h{best.head} reads back {q.key}={q.value}: the write at the value "
+                f"'{frames[best.written_at].input_text}' (position {best.written_at}) is {best.share:.0%} of its "
+                f"read, cos {best.cosine:.2f}")
     moves = [f"{m.label} {margin_share(m, moment.margin)}" for m in moment.top_moves(3)]
     return head, moves
 
@@ -41,12 +49,23 @@ async def test_the_first_screen_shows_the_recall_moment_of_the_default_prompt():
         head, moves = expected(moment, app.sim.frames)
         state, depth = panel_text(app, "state"), panel_text(app, "depth")
         assert head in state
+        named = moment.reading_head                    # the shipped small reads it back (test_recall_moment)
+        assert named is not None and "(this head)" in state
+        assert app._panels["state"].border_title == f"State · KDA layer {named.layer} · head {named.head}"
         assert (f"recall {moment.query.key}={moment.query.value}: margin {moment.margin:+.2f} over the other "
                 f"digits (the model says '{app.sim.frames[app.step].token_text}'); moved most by {', '.join(moves)}") in depth
         for m in moment.top_moves(3):                  # the depth map's rows are marked too
             if m.layer >= 0:
                 assert f"L{m.layer} {m.site}" in depth and f"◀ {margin_share(m, moment.margin)}" in depth
 
+        menu = menu_for("state", app.view())          # x on the state panel: the named head's reset first
+        assert menu[0][1] == (ResetState(named.layer, named.head),)
+        assert f"reset head {named.head} of KDA layer {named.layer}" not in [label for label, _ in menu]
+
+        await pilot.press("h")                         # a head picked by hand: the panel follows the selection
+        await settle(pilot)
+        assert app._panels["state"].border_title == f"State · KDA layer {app.view().kda_layer} · head {app.head}"
+        assert not app.pin_recall
         await pilot.press("b")                         # the key before "=": not a query, nothing extra
         await settle(pilot)
         assert app.driver.recall_for(app.step) is None and not app.driver.is_query(app.step)
@@ -82,3 +101,45 @@ def test_the_driver_asks_for_a_moment_only_at_a_query():
     assert d.recall_for(i) == sim.recall_moment(i) and not d.wants_recall()
     d.goto(i - 1)                                      # "k" of "| k": no query, no job
     assert not d.wants_recall() and d.recall_for(i - 1) is None
+
+
+@sync
+async def test_at_random_init_no_head_is_named_and_the_panel_says_why():
+    app = make_app(prompt="k=7; | k=")                 # tiny, random init: it answers a stray byte
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        moment = app.driver.recall_for(app.step)
+        assert moment is not None and moment.reading_head is None
+        head, _ = expected(moment, app.sim.frames)
+        assert head in panel_text(app, "state") and "no KDA head reads it back" in head
+        state = app._panels["state"].border_title       # not pinned to any head: the selection
+        assert state == f"State · KDA layer {app.view().kda_layer} · head {app.head}"
+        assert not menu_for("state", app.view())[0][0].startswith("reset L")
+
+
+@sync
+async def test_a_reset_that_leaves_the_answer_says_who_still_carries_it():
+    """The default prompt on the shipped small: x on the state panel, a reset of a head other than the reading
+    one (the answer stays), and the result screen runs every KDA state's reset beside it."""
+    app = TinyK3App(show_timings=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        moment = app.driver.recall_for(app.step)
+        other = next(h for h in reversed(moment.heads))   # the head whose read is least that write
+        app.start_what_if((ResetState(other.layer, other.head),), "state")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the what-if")
+        await settle(pilot)
+        carried = app.screen.carried
+        ref = Simulation(app.preset, DEFAULT_PROMPT, twin=False)
+        w = ref.what_if(ResetState(other.layer, other.head))
+        assert w.top_after[0][0][0] == w.top_before[0][0][0]          # the answer survives that reset
+        assert carried == still_carried(ref, w)                        # measured, the same in a fresh session
+        every = ref.what_if(ResetState())
+        assert carried.all_kda_answer == every.top_after[0][0][1]
+        left = [line.split("│")[1] for line in screen_text(app).splitlines() if line.count("│") >= 2]
+        assert "still carried: " + normal(carried.sentence()) in normal(" ".join(left))   # the summary column
+        await pilot.press("escape")
+        await settle(pilot)
+        app.start_what_if((ResetState(),), "state")      # resetting everything: nothing to compare beside it
+        await wait_until(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the second what-if")
+        assert app.screen.carried is None and "still carried" not in screen_text(app)

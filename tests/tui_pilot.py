@@ -6,6 +6,8 @@ import io
 import time
 
 from rich.console import Console
+from textual import events
+from textual.keys import _character_to_key
 
 from tui import TinyK3App
 
@@ -48,6 +50,22 @@ def sync(test):
         asyncio.run(test(*args, **kwargs))
 
     return wrapper
+
+
+CHARACTERS = {"enter": "\r", "escape": "\x1b", "tab": "\t", "space": " "}
+
+
+def burst(app, *keys: str) -> None:
+    """Deliver `keys` the way a terminal does: every Key event is in the app's queue before the app handles
+    the first (Pilot's press waits until the app is idle after each key, so it cannot see a double Enter).
+    Key names as Pilot's: "enter", "ctrl+p", "?", "x"."""
+    for key in keys:
+        char = key if len(key) == 1 else CHARACTERS.get(key)
+        if len(key) == 1 and not key.isalnum():
+            key = _character_to_key(key)          # "?" -> "question_mark", as a terminal driver names it
+        event = events.Key(key, char)
+        event.set_sender(app)
+        app._driver.send_message(event)
 
 
 def make_app(**kwargs) -> TinyK3App:

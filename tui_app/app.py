@@ -26,16 +26,19 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from sim import render
 from sim.interventions import describe
 from sim.memory import format_bytes
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.tokenizer import token_text
+from tiny_k3.weights import config_for
 
-from .commands import K3Commands
-from .driver import WHAT_IF_STEPS, Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec, WhatIfJob
+from .commands import K3Commands, K3Palette
+from .driver import (WHAT_IF_STEPS, Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec, WhatIfJob, runs_dir,
+                     save_note)
+from .footer import K3Footer
 from .panels import (DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, crossover_tokens, plural,
                      quoted, routing_headline, timeline_text)
 from .screens import HelpScreen, PresetScreen, PromptScreen
@@ -106,6 +109,7 @@ class WhatIfFinished(Message):
     result: object = None           # sim.whatif.WhatIf
     error: str | None = None
     cancelled: bool = False
+    carried: object = None          # sim.recall_moment.StillCarried: a reset that left the answer, and who holds it
 
 
 @dataclass
@@ -140,26 +144,28 @@ class TinyK3App(App):
     CSS_PATH = Path(__file__).with_name("tui.tcss")
     TITLE = "tiny-k3"
     COMMANDS = App.COMMANDS | {K3Commands}
+    # In the footer's order: K3Footer shows the first ones that fit the width (80 columns: n to s), ? all.
     BINDINGS = [
         Binding("n", "next", "next"),
         Binding("right", "next", "next", show=False),
         Binding("b", "back", "back"),
         Binding("left", "back", "back", show=False),
+        Binding("x", "what_if", "what-if"),
         Binding("r", "run", "run"),
-        Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
-        Binding("i", "step_in", "in"),
-        Binding("o", "step_out", "out", show=False),
         Binding("j", "layer(1)", "layer", key_display="j/k"),
         Binding("k", "layer(-1)", "layer-", show=False),
-        Binding("h", "head(1)", "head", show=False),
-        Binding("H", "head(-1)", "head-", show=False),
         Binding("e", "edit_prompt", "prompt"),
         Binding("p", "preset", "preset"),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
         Binding("s", "save", "save"),
         Binding("c", "compare", "compare"),
         Binding("z", "zoom", "zoom"),
-        Binding("x", "what_if", "what-if"),
+        Binding("i", "step_in", "in"),
+        Binding("ctrl+p", "command_palette", "palette", key_display="^p"),
+        Binding("o", "step_out", "out", show=False),
+        Binding("h", "head(1)", "head", show=False),
+        Binding("H", "head(-1)", "head-", show=False),
         Binding("tab", "cycle_panel(1)", "panel", show=False, priority=True),
         Binding("shift+tab", "cycle_panel(-1)", "panel", show=False, priority=True),
         Binding("escape", "cancel", "cancel", show=False),
@@ -177,15 +183,15 @@ class TinyK3App(App):
 
     def __init__(self, preset: str | None = None, prompt: str | None = None, seed: int = 0,
                  device: str | None = None, *, weights: str = "auto", show_timings: bool = True,
-                 lookahead: int = 2, open_path: str | None = None, save_dir: str | Path = "."):
+                 lookahead: int = 2, open_path: str | None = None, save_dir: str | Path | None = None):
         super().__init__()
         preset = preset or DEFAULT_PRESET
         self.spec = RunSpec(preset, DEFAULT_PROMPT if prompt is None else prompt, seed, weights, device, open_path)
         self.driver = Driver(lookahead=lookahead)
         self.show_timings = show_timings
-        self.save_dir = Path(save_dir)
+        self.save_dir = runs_dir() if save_dir is None else Path(save_dir)   # `s` writes here
         try:
-            self.config = K3Config.preset(preset)
+            self.config = config_for(preset)
         except ValueError:
             self.config = K3Config.preset(DEFAULT_PRESET)
         self.session = 0                    # bumps with every installed session: panels key on it
@@ -201,6 +207,7 @@ class TinyK3App(App):
         self._sublayers_key, self._sublayers = None, ()
         self._main = None                   # the main screen, once mounted (queries never hit a modal)
         self._whatif_for: tuple | None = None   # (job, panel, layer, head): where the asked-for what-if draws
+        self.pin_recall = True              # the state panel shows a recall query's reading head until j/k/h/H
 
     # ------------------------------------------------------------------ compatibility views of the state
     @property
@@ -241,7 +248,7 @@ class TinyK3App(App):
         yield Static(id="progress")
         yield Static(id="message")
         yield Static(id="status")
-        yield Footer(compact=True)   # compact: all the keys fit 120 columns
+        yield K3Footer()             # the keys that fit the width, in BINDINGS order
 
     def on_mount(self) -> None:
         asyncio.get_running_loop().set_default_executor(
@@ -326,6 +333,7 @@ class TinyK3App(App):
             self._crossed = False
             self._tokens_shown = self.driver.frames[self.step].position + 1
             self.sublayer_index = -1
+            self.pin_recall = True
             self.expert = -1
             self.head = min(self.head, self.config.kda_heads - 1)
             if not 0 <= self.layer < self.config.num_layers or self.preset != previous:
@@ -426,11 +434,19 @@ class TinyK3App(App):
         panel, view = self._focused_panel(), self.view()
         items = menu_for(panel, view)
         steps = max(1, min(WHAT_IF_STEPS, self.config.max_seq_len - self.step))
+        layer, head = self._panel_place(panel)
         title = (f"[b]What if[/b] … at step {self.step}, input {quoted(view.frame.input_text)} ({panel} panel, "
-                 f"layer {self.layer}, head {view.head})")
+                 f"layer {layer}, head {head})")
         self.running = False
         self.push_screen(WhatIfMenu(title, items, "" if items else unavailable(panel, view), steps),
                          lambda changes: None if changes is None else self.start_what_if(changes, panel))
+
+    def _panel_place(self, panel: str) -> tuple[int, int]:
+        """(layer, head) a panel shows now; the state panel's may be the pinned reading head."""
+        view = self.view()
+        if panel == "state" and view is not None and view.kda_layer is not None:
+            return view.kda_layer, view.kda_head
+        return self.layer, self.head
 
     def start_what_if(self, changes: tuple, panel: str | None = None) -> None:
         """Compute Simulation.what_if(*changes) at the cursor's frame in a worker; the result opens WhatIfScreen."""
@@ -441,7 +457,8 @@ class TinyK3App(App):
         except ValueError as exc:
             self._set_message(Text.assemble(("What-if not run: ", "bold red"), str(exc)))
             return
-        self._whatif_for = (job, panel or self._focused_panel(), self.layer, self.head)
+        panel = panel or self._focused_panel()
+        self._whatif_for = (job, panel, *self._panel_place(panel))
         self.running = False
         self._set_message("")
         self._draw_progress()
@@ -451,7 +468,11 @@ class TinyK3App(App):
     @work(thread=True, exclusive=True, group="whatif", exit_on_error=False)
     def _what_if_worker(self, job: WhatIfJob) -> None:
         out = run_job(lambda: self.driver.run_what_if(job, lambda p: self.post_message(WhatIfProgress(job, p))))
-        self.post_message(WhatIfFinished(job, result=out.value, error=out.error, cancelled=out.cancelled))
+        carried = None
+        if out.value is not None:
+            carried = run_job(lambda: self.driver.run_still_carried(job, out.value)).value
+        self.post_message(WhatIfFinished(job, result=out.value, error=out.error, cancelled=out.cancelled,
+                                         carried=carried))
 
     @on(WhatIfProgress)
     def _what_if_progress(self, msg: WhatIfProgress) -> None:
@@ -465,7 +486,7 @@ class TinyK3App(App):
         if self.driver.finish_what_if(msg.job):
             if msg.result is not None and self._whatif_for is not None and self._whatif_for[0] is msg.job:
                 _, panel, layer, head = self._whatif_for
-                self.push_screen(WhatIfScreen(msg.result, msg.job.sim, panel, layer, head))
+                self.push_screen(WhatIfScreen(msg.result, msg.job.sim, panel, layer, head, msg.carried))
             else:
                 self._set_message(Text.assemble(("What-if not run: ", "bold red"), msg.error or "it was cancelled"))
         self._draw_progress()
@@ -480,6 +501,7 @@ class TinyK3App(App):
 
     # ------------------------------------------------------------------ stepping, continued
     def _step_changed(self) -> None:
+        self.pin_recall = True              # every recall query opens on the head it names
         if self.sublayer_index >= 0:
             self.sublayer_index = min(self.sublayer_index, len(self._sublayer_views()) - 1)
         if self.message:
@@ -566,9 +588,16 @@ class TinyK3App(App):
     def action_step_out(self) -> None:
         self.sublayer_index = -1
 
+    def _unpin(self) -> None:
+        """The learner picks a layer or head: the state panel follows the selection again."""
+        if self.pin_recall:
+            self.pin_recall = False
+            self._redraw()
+
     def action_layer(self, delta: int) -> None:
         if self.sim is None or self._quitting:
             return
+        self._unpin()
         if self.sublayer_index >= 0:
             subs = self._sublayer_views()
             target = self.sublayer_index + delta
@@ -590,14 +619,17 @@ class TinyK3App(App):
         self.layer = target
 
     def select_layer(self, layer: int) -> None:
+        self._unpin()
         self.layer = max(0, min(self.config.num_layers - 1, layer))
         if self.sublayer_index >= 0 and self.sim is not None:
             self.sublayer_index = next((s.index for s in self._sublayer_views() if s.layer == self.layer), 0)
 
     def action_head(self, delta: int) -> None:
+        self._unpin()
         self.head = (self.head + delta) % max(self.config.kda_heads, 1)
 
     def select_head(self, head: int) -> None:
+        self._unpin()
         self.head = max(0, min(self.config.kda_heads - 1, head))
 
     def select_expert(self, expert: int) -> None:
@@ -646,6 +678,12 @@ class TinyK3App(App):
         self._apply_layout(self.size)
 
     # ------------------------------------------------------------------ modal screens
+    def action_command_palette(self) -> None:
+        """ctrl+p: the palette (K3Palette: it closes once, whatever keys are queued behind the Enter). Only
+        over the main screen: its commands act on the timeline, not on a dialog or a what-if result."""
+        if self.use_command_palette and not self._quitting and self.screen is self._main:
+            self.push_screen(K3Palette(id="--command-palette"))
+
     def action_help(self) -> None:
         if not self._quitting:
             self.push_screen(HelpScreen())
@@ -686,6 +724,7 @@ class TinyK3App(App):
     @work(thread=True, exclusive=True, group="save", exit_on_error=False)
     def _save_worker(self, sim, path: Path, step: int) -> None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             sim.save(path, cursor=step)
         except (OSError, ValueError) as exc:
             self.post_message(SaveFinished(str(path), step, error=f"{type(exc).__name__}: {exc}"))
@@ -699,7 +738,7 @@ class TinyK3App(App):
         if msg.error:
             self._set_message(Text.assemble(("Not saved: ", "bold red"), msg.error))
         else:
-            self._set_message(f"saved at step {msg.step} to {msg.path}; reopen with: tiny-k3 --open {msg.path}")
+            self._set_message(save_note(Path(msg.path), msg.step))
 
     async def action_quit(self) -> None:
         """Quit now, whatever is running: jobs stop at their next cancel check (between two tokens)."""
@@ -724,7 +763,7 @@ class TinyK3App(App):
             subs = self._sublayer_views()
             sub = subs[min(self.sublayer_index, len(subs) - 1)]
         return View(self.sim, self.session, self.step, self.layer, min(self.head, self.config.kda_heads - 1),
-                    sub, self.compare, self.expert, subs, self.driver.recall_for(self.step))
+                    sub, self.compare, self.expert, subs, self.driver.recall_for(self.step), self.pin_recall)
 
     def _redraw(self) -> None:
         """Redraw once after the current batch of changes (several reactives often change together)."""

@@ -4,11 +4,37 @@ from __future__ import annotations
 
 from functools import partial
 
-from textual.command import DiscoveryHit, Hit, Provider
+from textual import on
+from textual.command import CommandPalette, DiscoveryHit, Hit, Provider
+from textual.widgets import Button, Input, OptionList
 
-from tiny_k3.config import K3Config
-
+from .driver import tui_presets
+from .screens import DismissOnce
 from .whatif_menu import PALETTE
+
+
+class K3Palette(DismissOnce, CommandPalette):
+    """Textual's command palette, closing once: a double Enter selects the command twice before the first
+    pops the palette (issue 24), so once it is closing its own handlers of Enter, a click on "go" and a
+    selection are skipped (prevent_default stops the base class's handlers) and the command runs once.
+    Its search worker may still finish after the palette's widgets are gone; the two watchers that query
+    them then do nothing (found by tests/test_tui_keys.py: NoMatches 'LoadingIndicator')."""
+
+    async def _watch__show_busy(self) -> None:
+        if not self.closing:
+            await super()._watch__show_busy()
+
+    def _watch__list_visible(self) -> None:
+        if not self.closing:
+            super()._watch__list_visible()
+
+    @on(Input.Submitted)
+    @on(Button.Pressed)
+    @on(OptionList.OptionSelected)
+    def _ignore_once_closing(self, event) -> None:
+        if self.closing:
+            event.stop()
+            event.prevent_default()
 
 
 class K3Commands(Provider):
@@ -38,7 +64,7 @@ class K3Commands(Provider):
         for layer in range(cfg.num_layers):
             yield from once(f"Go to layer {layer}", f"{cfg.layer_kinds[layer].upper()} layer",
                             partial(app.select_layer, layer))
-        for name in K3Config.runnable_presets():
+        for name in tui_presets():
             yield from once(f"Preset {name}", "restart on this preset", partial(app.load_session, preset=name))
         yield "Toggle compare mode", "hybrid vs the all-softmax twin", app.action_compare
         yield "Run / pause", "generate continuously", app.action_run

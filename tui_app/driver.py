@@ -23,15 +23,55 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 from sim import Simulation, runfile
 from sim.interventions import check_changes
-from sim.recall_moment import find_query
-from tiny_k3.weights import CheckpointError, available_pretrained
+from sim.recall_moment import find_query, still_carried
+from tiny_k3.config import K3Config
+from tiny_k3.weights import CheckpointError, available_pretrained, config_for
 
+REPO = Path(__file__).resolve().parents[1]   # the checkout (dev.py beside tui.py), when run from one
 PROGRESS_EVERY = 0.1   # seconds between progress reports: often enough for a smooth bar, rarely enough to be free
 WHAT_IF_STEPS = 8      # a what-if recomputes the cursor's frame and 7 more tokens (fewer where the context ends)
+
+
+def tui_presets() -> list[str]:
+    """The presets the TUI runs: every runnable preset, then each shipped all-softmax twin checkpoint
+    ("small-twin": `small` with every attention layer MLA, trained on the same data)."""
+    twins = [name for name in available_pretrained() if name.endswith("-twin")]
+    return K3Config.runnable_presets() + twins
+
+
+def sim_preset(name: str) -> str | K3Config:
+    """What Simulation is given for a TUI preset: the name itself, or a twin checkpoint's config (Simulation
+    takes preset names only; load_model finds the twin's shipped weights from the config)."""
+    return name if name in K3Config.presets() else config_for(name)
+
+
+def in_checkout() -> bool:
+    return (REPO / "dev.py").exists() and (REPO / "tui.py").exists()
+
+
+def runs_dir() -> Path:
+    """Where `s` saves runs: runs/ of the checkout (git-ignored), else runs/ in the working directory."""
+    return (REPO if in_checkout() else Path.cwd()) / "runs"
+
+
+def save_note(path: Path, step: int) -> str:
+    """The line after a save: where the run went and the command that reopens it, as the user types it
+    from the checkout (`python3 dev.py run --open runs/FILE`; dev.py runs the TUI from there), or with the
+    installed `tiny-k3` outside one."""
+    path = Path(path).resolve()
+    if not in_checkout():
+        return f"saved at step {step} to {path}; reopen with: tiny-k3 --open {path}"
+    try:
+        shown = path.relative_to(REPO)
+    except ValueError:
+        shown = path
+    ignored = " (runs/ is git-ignored)" if shown.parts[:1] == ("runs",) else ""
+    return f"saved at step {step} to {shown}{ignored}; reopen with: python3 dev.py run --open {shown}"
 
 
 @dataclass(frozen=True)
@@ -199,7 +239,7 @@ class Driver:
             return Loaded(sim, opened, weights_label(sim), sim.cursor)
         fallback = None
         try:
-            sim = self._make_sim(spec.preset, spec.prompt, seed=spec.seed, device=spec.device,
+            sim = self._make_sim(sim_preset(spec.preset), spec.prompt, seed=spec.seed, device=spec.device,
                                  weights=spec.weights, progress=progress)
         except CheckpointError as exc:
             if spec.weights != "auto":
@@ -208,7 +248,7 @@ class Driver:
             # learner with nothing, so run random init and say so (DESIGN.md: bad input loses nothing)
             fallback = str(exc).rstrip(".")
             flag.check()
-            sim = self._make_sim(spec.preset, spec.prompt, seed=spec.seed, device=spec.device,
+            sim = self._make_sim(sim_preset(spec.preset), spec.prompt, seed=spec.seed, device=spec.device,
                                  weights="random", progress=progress)
         flag.check()
         return Loaded(sim, spec, weights_label(sim, fallback), len(sim.frames) - 1)
@@ -226,7 +266,9 @@ class Driver:
         self._recalls, self._queries = {}, {}
         last = len(loaded.sim.frames) - 1
         loaded.sim.goto(last)                   # the sim's cursor stays at the end; ours is `step`
-        self.step = self.visited = self.goal = loaded.step
+        self.step = self.goal = loaded.step
+        # the whole prompt counts as seen: a run saved inside its prompt reopens with the prompt's tail shown
+        self.visited = min(max(loaded.step, loaded.sim.prompt_len - 1), last)
         self.end_reason = None
         return True
 
@@ -354,6 +396,19 @@ class Driver:
         sim.goto(job.step)                      # what_if works at the sim's cursor; the timeline's end otherwise
         try:
             return sim.what_if(*job.changes, steps=job.steps, progress=progress)
+        finally:
+            sim.goto(cursor)
+
+    @staticmethod
+    def run_still_carried(job: WhatIfJob, w):
+        """[worker thread] After a what-if that reset some KDA states and left the next token alone: the same
+        token with every KDA state reset (and each KDA layer alone) beside it, sim.recall_moment.still_carried;
+        None for any other what-if. The timeline is untouched and the sim's cursor put back."""
+        job.flag.check()
+        sim, cursor = job.sim, job.sim.cursor
+        sim.goto(job.step)
+        try:
+            return still_carried(sim, w)
         finally:
             sim.goto(cursor)
 

@@ -62,6 +62,7 @@ class View:
     expert: int                 # selected expert, -1 none
     sublayers: tuple = ()       # all sublayers of this token when stepped in
     recall: object = None       # sim.recall_moment.RecallMoment when the input is a recall query's "=", else None
+    pinned: bool = False        # the state panel shows the recall moment's reading head (until j/k/h/H)
 
     @property
     def config(self) -> K3Config:
@@ -72,10 +73,28 @@ class View:
         return self.sim.frames[self.step]
 
     @property
+    def reading_head(self):
+        """The recall moment's head that reads the value back (sim.recall_moment), or None."""
+        return None if self.recall is None else self.recall.reading_head
+
+    @property
+    def pin(self):
+        """The head the state panel is pinned to (the reading head at a recall query), or None."""
+        return self.reading_head if self.pinned else None
+
+    @property
     def kda_layer(self) -> int | None:
-        """The KDA layer the state panel shows: the selected one, else the nearest KDA layer below it."""
+        """The KDA layer the state panel shows: the pinned reading head's, else the selected layer, else the
+        nearest KDA layer below it."""
+        if self.pin is not None:
+            return self.pin.layer
         below = [i for i in self.config.kda_layers if i <= self.layer]
         return below[-1] if below else (self.config.kda_layers[0] if self.config.kda_layers else None)
+
+    @property
+    def kda_head(self) -> int:
+        """The KDA head the state panel shows: the pinned reading head, else the selected head."""
+        return self.pin.head if self.pin is not None else min(self.head, self.config.kda_heads - 1)
 
 
 # ---------------------------------------------------------------------------------------- panels
@@ -276,14 +295,14 @@ class StatePanel(Panel):
     TITLE = "Recurrent state"
 
     def key(self, v: View) -> tuple:
-        return (v.session, v.step, v.layer, v.head, v.compare, v.recall is None)
+        return (v.session, v.step, v.layer, v.head, v.compare, v.recall is None, v.pinned)
 
     def draw(self, v: View):
         cfg, layer = v.config, v.kda_layer
         if layer is None:
             return "Recurrent state", Text("This preset has no KDA layers.")
         rec = v.frame.kda_for(layer)
-        h = min(v.head, cfg.kda_heads - 1)
+        h = v.kda_head
         per_head = state_bytes_fixed(cfg).state // (len(cfg.kda_layers) * cfg.kda_heads)
         title = f"State · KDA layer {layer} · head {h}"
         parts = []
@@ -294,7 +313,10 @@ class StatePanel(Panel):
                               f"{cfg.mla_cache_width * cfg.dtype_bytes} B per token", style="cyan"))
         if v.recall is not None and v.recall.best_head is not None:
             parts.append(recall_line(v.recall, v.sim.frames, layer, h))
-        if layer != v.layer:
+        if v.pin is not None:
+            parts.append(Text(f"showing the head the recall moment names; j/k/h/H go back to layer {v.layer} "
+                              f"head {v.head}", style="italic"))
+        elif layer != v.layer:
             parts.append(Text(f"layer {v.layer} is gated MLA (softmax, a growing KV cache, no recurrent state); "
                               f"showing the KDA layer below it.", style="italic"))
         hist = v.sim.state_norm_history(layer, h, upto=v.step)
@@ -323,14 +345,18 @@ class StatePanel(Panel):
 
 
 def recall_line(moment, frames: list[Frame], layer: int, head: int) -> Text:
-    """At a recall query: the KDA head whose read S^T q best matches the write made at the definition
-    (sim.recall_moment, cosine of the read with the write), and which definition token that write was."""
-    best, q = moment.best_head, moment.query
+    """At a recall query: the KDA head that reads the value back, i.e. whose read S^T q at the query is
+    mostly the write made at the value token of the definition (sim.recall_moment: that write's share of
+    the read, and the cosine of the two), or why no head is named (a wrong answer, a weak match)."""
+    best, q = moment.reading_head, moment.query
+    if best is None:
+        return Text.assemble(("recall ", "bold magenta"), f"{q.key}={q.value}: no KDA head reads it back "
+                             f"({moment.why_no_head})")
     shown = " (this head)" if (best.layer, best.head) == (layer, head) else ""
     return Text.assemble(("recall ", "bold magenta"), (f"L{best.layer} h{best.head} reads back {q.key}={q.value}",
                                                        "bold"),
-                         f" (cos {best.cosine:.2f} with the write at {quoted(frames[best.written_at].input_text)}, "
-                         f"position {best.written_at}){shown}")
+                         f": the write at the value {quoted(frames[best.written_at].input_text)} (position "
+                         f"{best.written_at}) is {best.share:.0%} of its read, cos {best.cosine:.2f}{shown}")
 
 
 # ---------------------------------------------------------------------------------------- memory

@@ -1,21 +1,53 @@
-"""Modal screens: edit the prompt, switch preset, the help. Each returns its answer with `dismiss`."""
+"""Modal screens: edit the prompt, switch preset, the help. Each returns its answer with `dismiss`.
+
+Every modal screen of the app is a `Dialog`: it dismisses once. A terminal delivers a double Enter (a
+double tap, key repeat, or two keys in one write) before the first one has popped the screen, so the
+widget's second "selected" / "submitted" message reaches a screen that is already leaving; dismissing
+again would pop the screen *under* it (issue 24: ScreenStackError, or the main screen gone).
+"""
 
 from __future__ import annotations
 
 from textual import on
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tiny_k3.config import K3Config
+from tiny_k3.weights import config_for
 
-from .help import HELP
+from .driver import tui_presets
+from .help import help_renderable
 
 
-class PromptScreen(ModalScreen[str | None]):
+class DismissOnce:
+    """Mixed into a Screen: it dismisses exactly once, and ignores every key and message once it is leaving.
+
+    `closing` turns True at the first dismiss; later dismisses are no-ops (and so is one of a screen that is
+    no longer on top: it must never pop another screen), and `check_action` turns the screen's bindings
+    off. Handlers of widget messages (OptionSelected, Submitted) check `closing` first.
+    """
+
+    closing = False
+
+    def dismiss(self, result=None) -> AwaitComplete:
+        if self.closing or not self.is_current:
+            return AwaitComplete.nothing()
+        self.closing = True
+        return super().dismiss(result)
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        return not self.closing
+
+
+class Dialog(DismissOnce, ModalScreen):
+    """The app's modal screens: prompt, preset, help, the what-if menu and result."""
+
+
+class PromptScreen(Dialog):
     """A new prompt (Enter) or nothing (Escape)."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
@@ -36,13 +68,14 @@ class PromptScreen(ModalScreen[str | None]):
 
     @on(Input.Submitted)
     def submit(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
+        if not self.closing:
+            self.dismiss(event.value)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
 
 
-class PresetScreen(ModalScreen[str | None]):
+class PresetScreen(Dialog):
     """Another preset (Enter) or nothing (Escape). It opens on the preset after the current one, so Enter
     always switches; the current one is marked."""
 
@@ -54,35 +87,44 @@ class PresetScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         options = []
-        for name in K3Config.runnable_presets():
-            c = K3Config.preset(name)
+        for name in tui_presets():
+            c = config_for(name)
             mark = " (current)" if name == self.current else ""
+            kind = ", all MLA: the shipped all-softmax twin" if name.endswith("-twin") else ""
             options.append(Option(f"{name:<12} {c.num_layers:>3} layers, {c.top_k} of {c.num_experts} experts, "
-                                  f"d={c.hidden_size}{mark}", id=name))
+                                  f"d={c.hidden_size}{kind}{mark}", id=name))
         with Vertical(id="preset-box", classes="dialog"):
             yield Static("[b]Switch preset[/b] (k3 itself is only counted, never run). Enter picks, Escape "
                          "cancels.", classes="dialog-label")
             yield OptionList(*options, id="preset-list")
 
     def on_mount(self) -> None:
-        names = K3Config.runnable_presets()
+        names = tui_presets()
         here = names.index(self.current) if self.current in names else -1
         self.query_one(OptionList).highlighted = (here + 1) % len(names)
 
     @on(OptionList.OptionSelected)
     def pick(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(event.option.id)
+        if not self.closing:
+            self.dismiss(event.option.id)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Dialog):
+    """The help, in a box that scrolls where the terminal is shorter than the text (80x24: ↑ ↓, page keys);
+    how to close it stays in the box's border, on screen at any size."""
+
     BINDINGS = [Binding("escape,question_mark,q", "close", "close")]
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-box", classes="dialog"):
-            yield Static(HELP, id="help-text")
+        with VerticalScroll(id="help-box", classes="dialog") as box:
+            box.border_subtitle = "↑ ↓ scroll · Escape closes"
+            yield Static(help_renderable(), id="help-text")
+
+    def on_mount(self) -> None:
+        self.query_one("#help-box").focus()
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -14,7 +14,6 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -22,6 +21,7 @@ from sim.interventions import (AblateExpert, ForceExperts, NoSelectionBias, Rese
                                UniformDepth)
 
 from .panels import View, plural
+from .screens import Dialog
 
 # the command palette's what-ifs: whole-model changes that need no panel, layer or head
 PALETTE = (("reset every KDA state", (ResetState(),)), ("no selection bias anywhere", (NoSelectionBias(),)),
@@ -51,19 +51,20 @@ def _routing(v: View) -> list[tuple[str, tuple]]:
 
 
 def _state(v: View) -> list[tuple[str, tuple]]:
-    layer, head = v.kda_layer, min(v.head, v.config.kda_heads - 1)
+    layer, head = v.kda_layer, v.kda_head
     items = []
-    best = None if v.recall is None else v.recall.best_head
+    best = v.reading_head
     if best is not None:                    # at a recall query: wipe the head that reads the value back
         q = v.recall.query
         items.append((f"reset L{best.layer} h{best.head}, the head that reads back {q.key}={q.value}",
                       (ResetState(best.layer, best.head),)))
-    return items + [(f"reset head {head} of KDA layer {layer}", (ResetState(layer, head),)),
-            (f"reset KDA layer {layer}", (ResetState(layer),)),
-            ("reset every KDA layer", (ResetState(),)),
-            (f"no forgetting at L{layer} (decay x0)", (ScaleDecay(layer, 0.0),)),
-            (f"forget twice as fast at L{layer} (decay x2)", (ScaleDecay(layer, 2.0),)),
-            ("no forgetting anywhere (decay x0)", (ScaleDecay(factor=0.0),))]
+    if best is None or (best.layer, best.head) != (layer, head):     # the shown head, unless it is that one
+        items.append((f"reset head {head} of KDA layer {layer}", (ResetState(layer, head),)))
+    return items + [(f"reset KDA layer {layer}", (ResetState(layer),)),
+                    ("reset every KDA layer", (ResetState(),)),
+                    (f"no forgetting at L{layer} (decay x0)", (ScaleDecay(layer, 0.0),)),
+                    (f"forget twice as fast at L{layer} (decay x2)", (ScaleDecay(layer, 2.0),)),
+                    ("no forgetting anywhere (decay x0)", (ScaleDecay(factor=0.0),))]
 
 
 def _memory(v: View) -> list[tuple[str, tuple]]:
@@ -105,7 +106,7 @@ def unavailable(panel: str, v: View) -> str:
             f"n a few tokens on.")
 
 
-class WhatIfMenu(ModalScreen[tuple | None]):
+class WhatIfMenu(Dialog):
     """Pick one change (Enter runs it) or none (Escape)."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
@@ -132,7 +133,8 @@ class WhatIfMenu(ModalScreen[tuple | None]):
 
     @on(OptionList.OptionSelected)
     def pick(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(self.items[int(event.option.id)][1])
+        if not self.closing:
+            self.dismiss(self.items[int(event.option.id)][1])
 
     def action_cancel(self) -> None:
         self.dismiss(None)

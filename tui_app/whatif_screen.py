@@ -14,14 +14,15 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
-from textual.screen import ModalScreen
-from textual.widgets import Footer, Static
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Static
 
 from sim.interventions import describe
 from sim.whatif import WhatIf, branch_timeline
 
+from .footer import K3Footer
 from .panels import DepthPanel, MemoryPanel, RoutingPanel, StatePanel, View, quoted
+from .screens import Dialog
 
 PANEL_CLASSES = {"routing": RoutingPanel, "state": StatePanel, "depth": DepthPanel, "memory": MemoryPanel}
 SAME = "none (identical)"   # first_divergence when no sublayer moved
@@ -51,22 +52,28 @@ def top_table(before, after) -> Table:
     return table
 
 
-def summary(w: WhatIf, step: int) -> Group:
-    """The what-if in text: the change, both continuations, step `step`'s top-5, KL and divergence per step."""
+def summary(w: WhatIf, step: int, carried=None) -> Group:
+    """The what-if in text: the change, both continuations, step `step`'s top-5, KL and divergence per step;
+    `carried` (sim.recall_moment.StillCarried) says who still holds an answer that a reset left alone."""
     changes = ", ".join(describe(c) for c in w.changes) or "nothing (the original, recomputed)"
     head = Text.assemble(("what if: ", "bold"), changes, f"  ·  at step {w.position}, {w.steps} tokens")
+    if carried is not None:
+        head = Text.assemble(head, "\n", ("still carried: ", "bold yellow"), carried.sentence())
     runs = Text.assemble(("original: ", "bold"), continuation(w.original), "\n",
                          ("what-if:  ", "bold magenta"), continuation(w.frames))
     twin = bool(w.twin_kl)                  # a window: the all-MLA twin under the same window, beside
-    per_step = Table(title="per step: KL(original ‖ what-if) in nats, the first sublayer that diverged"
-                     + (", the twin's KL under the same window" if twin else "") + " (n / b move)",
-                     title_justify="left", box=None, pad_edge=False)
+    # the title as a line of its own: a table's title wraps to the table's width (3 lines at 80 columns)
+    per_step_title = Text("per step: KL(original ‖ what-if) in nats, the first sublayer that diverged"
+                          + (", the twin's KL under the same window" if twin else "") + " (n / b move)",
+                          style="italic")
+    per_step = Table(box=None, pad_edge=False)
     for name in ("step", "pos", "KL", "first diverged") + (("twin KL",) if twin else ()):
         per_step.add_column(name)
     for s in range(w.steps):
         per_step.add_row(str(s), str(w.position + s), fmt_kl(w.kl[s]), w.first_divergence[s] or SAME,
                          *((fmt_kl(w.twin_kl[s]),) if twin else ()), style="reverse" if s == step else "")
-    return Group(head, runs, Text(), top_table(w.top_before[step], w.top_after[step]), Text(), per_step)
+    return Group(head, runs, Text(), top_table(w.top_before[step], w.top_after[step]), Text(), per_step_title,
+                 per_step)
 
 
 def lit_expert(w: WhatIf, step: int, layer: int) -> int:
@@ -78,28 +85,54 @@ def lit_expert(w: WhatIf, step: int, layer: int) -> int:
     return new[0] if new else -1
 
 
-class WhatIfScreen(ModalScreen[None]):
-    """Full screen (modal, so the main timeline's keys are off while it shows)."""
+ONE_COLUMN_BELOW = 120   # narrower terminals show the summary or the branch's panel, tab switches
 
-    BINDINGS = [Binding("escape", "close", "back to the timeline"), Binding("n", "move(1)", "next step"),
-                Binding("b", "move(-1)", "previous step")]
 
-    def __init__(self, w: WhatIf, sim, panel: str, layer: int, head: int):
+class WhatIfScreen(Dialog):
+    """Full screen (modal, so the main timeline's keys are off while it shows). Below ONE_COLUMN_BELOW
+    columns (80x24, 100x30) one column at a time: the summary at full width, whole top-5 table and KL
+    column, scrolling (↑ ↓, focused) where it is taller than the terminal; tab shows the branch's panel."""
+
+    BINDINGS = [Binding("escape", "close", "back"), Binding("n", "move(1)", "next step"),
+                Binding("b", "move(-1)", "previous step"), Binding("tab", "toggle_panel", "panel / summary")]
+
+    def __init__(self, w: WhatIf, sim, panel: str, layer: int, head: int, carried=None):
         super().__init__()
         self.w, self.panel_name, self.panel_layer, self.panel_head = w, panel, layer, head
+        self.carried = carried
         self.branch = branch_timeline(sim, w)
         self.step = 0
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="whatif"):
-            yield Static(id="whatif-summary")
+            with VerticalScroll(id="whatif-summary"):
+                yield Static(id="whatif-summary-text")
             yield PANEL_CLASSES[self.panel_name](id="whatif-panel")
-        yield Footer(compact=True)
+        yield K3Footer()
 
     def on_mount(self) -> None:
         self.query_one("#whatif-summary").border_title = "What if"
-        self.query_one("#whatif-panel").focus()
+        self._layout(self.app.size.width)
         self._draw()
+
+    def on_resize(self, event) -> None:
+        self._layout(event.size.width)
+
+    @property
+    def narrow(self) -> bool:
+        return self.has_class("-narrow")
+
+    def _layout(self, width: int) -> None:
+        self.set_class(width < ONE_COLUMN_BELOW, "-narrow")
+        showing_panel = not self.narrow or self.has_class("-show-panel")
+        self.query_one("#whatif-panel" if showing_panel else "#whatif-summary").focus()
+
+    def action_toggle_panel(self) -> None:
+        """tab: in one column, the summary or the branch's panel; side by side, focus the other one."""
+        self.toggle_class("-show-panel")
+        self._layout(self.app.size.width)
+        if not self.narrow:
+            self.query_one("#whatif-summary" if self.has_class("-show-panel") else "#whatif-panel").focus()
 
     def view(self) -> View:
         """The branch at this step, as the panels read it."""
@@ -108,7 +141,7 @@ class WhatIfScreen(ModalScreen[None]):
                     None, False, lit_expert(self.w, self.step, self.panel_layer))
 
     def _draw(self) -> None:
-        self.query_one("#whatif-summary", Static).update(summary(self.w, self.step))
+        self.query_one("#whatif-summary-text", Static).update(summary(self.w, self.step, self.carried))
         panel = self.query_one("#whatif-panel")
         panel.show(self.view())
         panel.border_subtitle = f"the branch, step {self.step} of {self.w.steps - 1}"
