@@ -8,7 +8,6 @@ the app running with no exception."""
 import random
 
 import pytest
-from textual.command import CommandPalette
 
 from tui_app.screens import Dialog, HelpScreen, PresetScreen, PromptScreen
 from tui_app.whatif_menu import WhatIfMenu
@@ -80,27 +79,6 @@ async def test_help_closes_once_and_a_queued_key_goes_to_the_main_screen():
         await drain(pilot)
         await settle(pilot)
         assert on_main(app) and app.step == step - 1 and app._exception is None
-
-
-@sync
-async def test_the_palette_runs_its_command_once_on_a_double_enter():
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        layers = count_calls(app, "select_layer")
-        burst(app, "ctrl+p", *"layer 2")
-        def found() -> bool:                            # the search has run: its best hit is highlighted
-            if not isinstance(app.screen, CommandPalette):
-                return False
-            option = app.screen.query_one("CommandList").highlighted_option
-            return option is not None and str(option.prompt).startswith("Go to layer 2")
-
-        await wait_until(pilot, found, what="the palette's search")
-        burst(app, "enter", "enter", "enter")
-        await drain(pilot)
-        await settle(pilot)
-        assert on_main(app) and app._exception is None
-        assert app.layer == 2 and len(layers) == 1
 
 
 # ---------------------------------------------------------------------------------------------- abuse
