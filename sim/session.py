@@ -34,6 +34,7 @@ from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.model import WEIGHTS, load_model, resolve_device
 from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import EOS, decode, encode, token_text
+from tiny_k3.weights import config_for
 
 from .frame import Choice, Frame, MemoryRecord, SublayerView
 from .memory import non_negative_int
@@ -99,7 +100,8 @@ class _Tee(Recorder):
 
 
 def _resolve_config(preset) -> K3Config:
-    return preset if isinstance(preset, K3Config) else K3Config.preset(preset)
+    """A K3Config as given, a preset's, or a checkpoint name's ("small-twin": the all-MLA twin of `small`)."""
+    return preset if isinstance(preset, K3Config) else config_for(preset)
 
 
 def _build_models(config: K3Config, weights: str, seed: int, device: torch.device, twin: bool):
