@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import venv
@@ -64,7 +65,29 @@ def ensure_env(extras: tuple[str, ...] = ("dev",)) -> None:
 def serve(rest: list[str]) -> int:
     """`python3 dev.py serve [--host H] [--port P] [-- TUI options]`: the TUI in a browser (textual-serve)."""
     ensure_env(("serve",))
-    return subprocess.run([str(PYTHON), "-m", "tui_app.serve", *rest], cwd=ROOT).returncode
+    return run_forwarding([str(PYTHON), "-m", "tui_app.serve", *rest])
+
+
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+
+
+def run_forwarding(argv: list[str]) -> int:
+    """Run argv in ROOT and return its exit status, passing SIGTERM, SIGINT and SIGHUP on to it: stopping this
+    process by its pid stops the child too (the server would otherwise keep serving its port). The child has
+    a process group of its own, so a terminal's Ctrl+C reaches it once, through here."""
+    own_group = {"preexec_fn": os.setpgrp} if os.name == "posix" else {}
+    child = subprocess.Popen(argv, cwd=ROOT, **own_group)
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_tui(rest: list[str]) -> int:
