@@ -9,7 +9,23 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # The tests run many tiny ops: one thread avoids synchronisation stalls (and CI has two cores).
-torch.set_num_threads(1)
+TEST_THREADS = 1
+torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(params=[1, 2], ids=["threads1", "threads2"])
+def torch_threads(request):
+    """Runs a test with torch at 1 and at 2 intra-op threads (a module opts in with
+    `pytestmark = pytest.mark.usefixtures("torch_threads")`: the fast-path tests, issue 24).
+
+    The thread count changes which BLAS kernel runs and how parallel reductions split their sums, so a test
+    that passes at both has seen both roundings. torch.set_num_threads sets OpenMP's and MKL's counts for the
+    calls that follow, as OMP_NUM_THREADS does at start-up, inside this one pytest process: no second
+    interpreter, import and collection per thread count, and a plain `pytest tests/test_moe.py` runs both."""
+    torch.set_num_threads(request.param)
+    assert torch.get_num_threads() == request.param
+    yield request.param
+    torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(autouse=True)

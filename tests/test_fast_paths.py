@@ -6,6 +6,7 @@ import torch
 from tiny_k3.attnres import DepthAttention, _depth_read, depth_attention
 
 F64 = torch.float64
+pytestmark = pytest.mark.usefixtures("torch_threads")   # each test at 1 and 2 threads (tests/conftest.py)
 
 
 @pytest.mark.parametrize("shape", [(5, 1, 1, 16), (3, 2, 7, 16)])
@@ -33,3 +34,7 @@ def test_depth_attention_module_takes_the_fast_read_only_without_autograd():
     with torch.no_grad():
         fast = depth(sources)
     torch.testing.assert_close(fast, tuple(t.detach() for t in graded), atol=1e-12, rtol=0)
+
+
+def test_the_thread_fixture_sets_torch_s_threads_and_restores_one(torch_threads):
+    assert torch.get_num_threads() == torch_threads in (1, 2)

@@ -8,7 +8,18 @@ from torch.nn import functional as F
 
 from tiny_k3.config import K3Config
 from tiny_k3.moe import GatedMLP, LatentMoE, Router, Routing, _two_stage_plan, route, situ_glu, top_k_ids
-from tiny_k3.probe import TraceRecorder
+from tiny_k3.probe import Recorder, TraceRecorder
+
+from decisions import assert_decisive
+
+# The fast paths compute the router's scores in a product fused with other projections, the general path in a
+# product of its own: which BLAS kernel runs (and so how the sums round) depends on the CPU, the shapes and the
+# thread count, so the two agree to this relative tolerance in float64, not bit for bit (issue 24). The choices
+# made from them (expert ids, loads) are compared exactly only where assert_decisive shows that no rounding
+# within that tolerance can change them (DECIDED: a thousand times the tolerance, on values of O(1)).
+SCORE_RTOL = 1e-12
+DECIDED = 1e-9
+AT_1_AND_2_THREADS = pytest.mark.usefixtures("torch_threads")   # (tests/conftest.py) the fast-path tests below
 
 DECODE, PREFILL = 1 << 62, 0   # values of LatentMoE.gather_max_elements that force one code path
 TILES = -1                     # PREFILL with pad_max_ratio = 0: the sorted pairs cut into tiles, never padded
@@ -153,8 +164,8 @@ def test_router_scores_are_fp32_for_bf16_inputs():
     r = router(x)
     assert r.scores.dtype == torch.float32 and r.weights.dtype == torch.float32
     assert router.bias.dtype == torch.float32
-    expected = torch.sigmoid(x.float() @ router.weight.float().T)
-    torch.testing.assert_close(r.scores, expected, rtol=0, atol=0)
+    expected = torch.sigmoid(x.float() @ router.weight.float().T)     # (another product call: float32 rounding)
+    torch.testing.assert_close(r.scores, expected, rtol=1e-6, atol=0)
     assert "bias" in router.state_dict() and "bias" not in dict(router.named_parameters())
 
 
@@ -181,8 +192,8 @@ def test_update_bias_balances_a_skewed_router():
         router.weight[:4] *= 3.0                                   # four experts grab most tokens
     mean_dir = torch.randn(D, generator=gen)
     batches = torch.randn(156, 256, D, generator=gen) + mean_dir
-    with torch.no_grad():   # the router's scores do not depend on the bias: compute them all at once
-        scores = torch.sigmoid(batches @ router.weight.T)                      # [156, 256, E]
+    with torch.no_grad():   # the router's scores do not depend on the bias: compute them once, as the router does
+        scores = torch.stack([router(batch).scores for batch in batches])       # [156, 256, E]
 
     def load(step: int) -> torch.Tensor:   # what router(batches[step]) selects with the current bias
         ids = route(scores[step], router.bias, k).expert_ids
@@ -338,6 +349,7 @@ def test_mix_experts_takes_any_pairs_to_rows(path):
 
 
 # ---------------------------------------------------------------------------------------------- decode fast path
+@AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])
 def test_one_token_fast_path_equals_the_general_path_and_all_experts(preset, act):
     moe = _moe(preset, mlp_act=act)
@@ -365,9 +377,12 @@ def _assert_same_as_reference(moe, x, fast, recorder, reference, reference_recor
     torch.testing.assert_close(fast, moe.dense_reference(x).detach(), rtol=0, atol=1e-12)
     (layer, got), = recorder.of("moe")
     (_, want), = reference_recorder.of("moe")
-    assert layer == 2 and got.keys() == want.keys()
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    assert layer == 2 and got.keys() == {"scores", "bias", "expert_ids", "weights"} == want.keys()
+    torch.testing.assert_close(got["scores"], want["scores"], rtol=SCORE_RTOL, atol=0, msg="scores")
+    torch.testing.assert_close(got["weights"], want["weights"], rtol=SCORE_RTOL, atol=0, msg="weights")
+    assert torch.equal(got["bias"], want["bias"]), "bias"             # the same buffer, recorded twice
+    assert_decisive(want["scores"] + want["bias"], moe.config.top_k, DECIDED)
+    assert torch.equal(got["expert_ids"], want["expert_ids"]), "expert_ids"
 
 
 def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
@@ -395,6 +410,7 @@ def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
 
 
 # ---------------------------------------------------------------------------------------------- many-token fast path
+@AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])
 @pytest.mark.parametrize("sampled, pad_max_ratio", [(True, 4), (False, 1 << 30), (False, 4), (False, 0)])
 def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, act, sampled, pad_max_ratio):
@@ -411,9 +427,10 @@ def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, ac
         reference_recorder = TraceRecorder()
         reference = moe(x, recorder=reference_recorder, layer=2)
     _assert_same_as_reference(moe, x, fast, recorder, reference, reference_recorder)
-    assert torch.equal(fast_load, moe.last_load) and fast_load.sum() == 80 * moe.config.top_k
+    assert torch.equal(fast_load, moe.last_load) and fast_load.sum() == 80 * moe.config.top_k   # counts of the ids
 
 
+@AT_1_AND_2_THREADS
 @pytest.mark.parametrize("sampled", [True, False])                  # sampled products, padded columns
 def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32(sampled):
     from tiny_k3.hooks import Hooks
@@ -435,6 +452,10 @@ def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32(s
         torch.testing.assert_close(after, moe(x), rtol=0, atol=1e-12)
         for p in (moe.router.weight, moe.down.weight, moe.shared.w1.weight, moe.up.weight, moe.latent_norm.weight):
             p.div_(1.5)
+        scores = moe.router(x).scores                                 # every choice here, blocked or unbiased,
+        E = moe.config.num_experts                                    # ranks a subset of one of these rows
+        assert_decisive(scores, E - 1, DECIDED)
+        assert_decisive(scores + moe.router.bias, E - 1, DECIDED)
         for name, hooks in changes.items():
             torch.testing.assert_close(fast[name][0], moe(x, layer=1, hooks=hooks), rtol=0, atol=1e-12, msg=name)
             assert torch.equal(fast[name][1], moe._last_ids), name
@@ -467,6 +488,7 @@ def test_decode_output_reads_its_scale_on_the_host_or_keeps_it_a_tensor(act):
     assert expected.abs().mean() > 0.1
 
 
+@AT_1_AND_2_THREADS
 def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_experts(monkeypatch):
     moe = _moe("tiny")
     moe.sampled_products, moe.pad_max_ratio = False, 1 << 30
@@ -481,6 +503,7 @@ def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_
             torch.testing.assert_close(moe(x), expected, rtol=0, atol=1e-12, msg=f"width {width}")
 
 
+@AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset, shape", [("tiny", (3, 7)), ("small", (2, 33)), ("small", (1, 2))])
 @pytest.mark.parametrize("sparse_rows", [True, False])   # down products: one sparse-dense product, sampled
 def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_experts(preset, shape, sparse_rows,
@@ -523,18 +546,25 @@ def test_sampled_products_start_from_zero_so_a_nan_dies_with_its_call(sparse_row
         torch.testing.assert_close(moe(x), before, rtol=0, atol=0)      # the next call: no NaN carried over
 
 
+@AT_1_AND_2_THREADS
 def test_many_token_fast_path_records_scores_that_later_calls_leave_alone():
     moe = _moe("small")
     x = torch.randn(2, 30, moe.config.hidden_size, dtype=torch.float64)
+    class Keeping(Recorder):                            # keeps the tensors as given, as FrameRecorder does
+        def record(self, event, layer, **data):           # (TraceRecorder copies them: no reuse could show)
+            self.data = data
+
     with torch.no_grad():
-        recorder = TraceRecorder()
+        recorder = Keeping()
         moe(x, recorder=recorder, layer=1)
-        (_, first), = recorder.of("moe")
+        first = recorder.data
         kept = first["scores"].clone()
         moe(torch.randn_like(x))                       # no recorder: its scores go to a reused buffer
-        moe(torch.randn_like(x), recorder=TraceRecorder(), layer=1)
-    assert torch.equal(first["scores"], kept)
-    torch.testing.assert_close(kept, moe.router(x).scores, rtol=0, atol=0)
+        moe(torch.randn_like(x), recorder=Keeping(), layer=1)
+        recomputed = moe.router(x).scores
+    assert torch.equal(first["scores"], kept)               # the recorded value itself, before and after: exact
+    # and they are the scores (the router's own product: another computation, so to the stated tolerance)
+    torch.testing.assert_close(kept, recomputed, rtol=SCORE_RTOL, atol=0)
 
 
 def test_samples_pay_is_its_cost_model_on_the_cpu_only():
@@ -565,6 +595,7 @@ def test_sparse_rows_pay_is_its_cost_model(kept):
         assert (rows < sampled) == expected == moe._sparse_rows_pay(pairs), (preset, tokens, rows, sampled)
 
 
+@AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset", ["small", "mini-896/16"])
 def test_kept_w2_rows_equal_the_references_and_follow_every_change_of_w2(preset):
     moe = _moe(preset)

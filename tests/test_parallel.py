@@ -14,6 +14,8 @@ from sim import costs
 from sim.costs import expected_destinations
 from tiny_k3 import K3Config, TraceRecorder
 
+from decisions import assert_decisive
+
 CFG = K3Config.preset("tiny")
 NEW_TOKENS = 3
 SEQUENCES = torch.randint(0, 256, (4, 9), generator=torch.Generator().manual_seed(1)).tolist()
@@ -32,6 +34,12 @@ def reference():
             last.append(logits[:, -1])
         out.append(logits[:, -1].argmax(-1))
     routing = [data["expert_ids"].reshape(len(SEQUENCES), -1, CFG.top_k).numpy() for _, data in rec.of("moe")]
+    # The ranks compute these from differently batched products (logits agree to 1e-10, not bit for bit): the
+    # greedy tokens and the expert ids they carry are compared exactly below, so each must be decided by more.
+    for step_logits in last:
+        assert_decisive(step_logits, 1, 1e-8)
+    for _, data in rec.of("moe"):
+        assert_decisive(data["scores"] + data["bias"], CFG.top_k, 1e-8)
     return dict(prefill=prefill.numpy(), last=torch.stack(last).numpy(), tokens=torch.stack(out, 1).numpy(),
                 routing=routing)
 
