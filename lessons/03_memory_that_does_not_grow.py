@@ -376,7 +376,7 @@ for ax, kind in zip(axes, KEY_KINDS):
     ax.axvline(1.0, color="grey", lw=1, ls="--"), ax.axhline(10, color="grey", lw=1, ls=":")
     ax.set_xlabel("pairs written / K"), ax.set_ylabel("reads exact (%)"), ax.set_ylim(0, 105)
     ax.set_title(f"{kind} keys: one K x K state (solid) vs attention (dotted)")
-axes[0].legend(fontsize=8, ncol=2, loc="lower left")
+axes[0].legend(fontsize=9, ncol=2, loc="lower left")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
