@@ -305,8 +305,10 @@ print(f"‖S_t‖_F per token: {' '.join(f'{s.norm():.3f}' for s in states)}")
 # every KDA head from the q, k, v, g, β the layer used (kda.md §1). The write of token d is
 # u_d = β_d (v_d − S'ᵀ k_d) — what it stores under its key k_d, the correction of section 1 — and the read at
 # the query t is r_t = S_tᵀ q_t (the layer's output is scale · r_t). A head whose read points the way of a write
-# made inside the definition (cosine near 1) is returning what it stored there; the head with the largest such
-# cosine is named. Separately, the answer's logit margin over the other digits splits exactly into one share per
+# made inside the definition (cosine near 1) is returning what it stored there. Heads are ranked by the share of
+# the read that the write *at the value token* explains, ⟨r_t, u_val⟩ / |r_t|² (the read splits exactly into one
+# term per write, Σ_d a_d u_d), and the top one is named; the simulator names it as *the* reading head only when
+# the model answers right and that share is at least 0.25 (`RecallMoment.reading_head`). Separately, the answer's logit margin over the other digits splits exactly into one share per
 # sublayer (direct logit attribution through the AttnRes depth read, attnres.md §2): which sublayers *used* it.
 
 # %%
