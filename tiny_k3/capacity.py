@@ -97,7 +97,7 @@ def attention_reads(keys: torch.Tensor, values: torch.Tensor, temperature: float
 def score(reads: torch.Tensor, codebook: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(cosine of each read [N] to its written value, how many reads have the written value as nearest codeword)."""
     cos_written = torch.nn.functional.cosine_similarity(reads, codebook[codes], dim=-1)
-    nearest = (reads @ codebook.T).div(reads.norm(dim=-1, keepdim=True).clamp_min(1e-300)).argmax(-1)
+    nearest = (reads @ codebook.T).argmax(-1)     # codewords are unit vectors: the largest dot is the largest cosine
     return cos_written, int((nearest == codes).sum())
 
 
