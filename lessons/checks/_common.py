@@ -88,7 +88,7 @@ class Exercise:
     check: object        # the check function
     difficulty: int      # 1 warm-up, 2 core, 3 stretch
     minutes: int         # typical time for a learner, in minutes
-    hints: tuple[str, str]
+    hints: tuple[str, ...]   # the rungs, in order: the idea, then the shape of the computation, then the code
 
     @property
     def stars(self) -> str:
@@ -102,10 +102,10 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}       # by number, in the order the lessons import them
 
 
-def register(number: str, solution: str, difficulty: int, minutes: int, expects: str, hints: tuple[str, str]):
+def register(number: str, solution: str, difficulty: int, minutes: int, expects: str, hints: tuple[str, ...]):
     """Register a check: see the module docstring. The spec is attached as `check.expects`."""
-    if difficulty not in (1, 2, 3) or minutes < 1 or len(hints) != 2 or not all(h.strip() for h in hints):
-        raise ValueError(f"exercise {number}: difficulty is 1, 2 or 3, minutes >= 1, and two non-empty hints.")
+    if difficulty not in (1, 2, 3) or minutes < 1 or len(hints) not in (2, 3) or not all(h.strip() for h in hints):
+        raise ValueError(f"exercise {number}: difficulty is 1, 2 or 3, minutes >= 1, and two or three non-empty hints.")
 
     def wrap(check):
         check.expects = expects.strip()
@@ -128,8 +128,9 @@ def find_exercise(name) -> Exercise:
 
 
 def hint(name, level: int = 1) -> None:
-    """Print hint `level` (1: the idea, 2: the formula) for an exercise, e.g. hint("1.1") or hint("kda_step", 2)."""
-    if level not in (1, 2):
-        raise ValueError(f"hint level is 1 (the idea) or 2 (the formula), got {level!r}.")
+    """Print hint `level` (1: the idea, then the shape of the computation, then the code) for an exercise,
+    e.g. hint("1.1") or hint("kda_step", 2)."""
     ex = find_exercise(name)
-    print(f"hint {level}/2 for {ex.label}:\n{ex.hints[level - 1]}")
+    if level not in range(1, len(ex.hints) + 1):
+        raise ValueError(f"hint level for {ex.number} is 1 to {len(ex.hints)}, got {level!r}.")
+    print(f"hint {level}/{len(ex.hints)} for {ex.label}:\n{ex.hints[level - 1]}")
