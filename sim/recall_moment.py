@@ -20,6 +20,11 @@ Two measurements, both from one forward pass over the text so far (no Frame need
   a weighted sum of depth sources (attnres.md §2); each sublayer output v_j lies in one source, so with
   rms(h) held fixed the answer's margin over the other digits splits exactly into one term per sublayer
   (plus the embedding): direct logit attribution. The terms sum to the margin.
+* **Which layer kind carried it** (`LayerKinds`). The query token is run again from the cache of the text
+  before it, twice: with the MLA layers' window ending after the queried value (they can no longer see it),
+  and with every KDA state reset (the fixed-size memory wiped). Whichever change flips the answer names the
+  kind that held it; these are exactly Simulation.what_if(TruncateContext(window)) and
+  what_if(ResetState()) at that token (tests/test_recall_moment.py checks the two agree).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 
 from tiny_k3.attnres import DepthStream
 from tiny_k3.corpus import RECALL_MARK
+from tiny_k3.hooks import Hooks
 from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import BOS, EOS, decode, encode
 
@@ -75,12 +81,61 @@ class LogitMove:
 
 
 @dataclass(frozen=True)
+class KindTest:
+    """The query token run again with one kind of memory taken away."""
+
+    change: str            # what was taken away, e.g. "MLA window 9" or "every KDA state reset"
+    answer: str            # the argmax then
+    p_answer: float        # the intact answer's probability then
+
+
+@dataclass(frozen=True)
+class LayerKinds:
+    """Which layer kind carried a recall: the intact answer beside the MLA layers blind to the value and
+    beside every KDA state wiped (None where the model has no layer of that kind)."""
+
+    answer: str                    # the intact argmax
+    p_answer: float                # its probability
+    mla_hidden: KindTest | None    # MLA window ending after the queried value (None: no MLA layer)
+    kda_reset: KindTest | None     # every KDA state reset at the query (None: no KDA layer)
+
+    @property
+    def carrier(self) -> str:
+        """"KDA", "MLA", "both" (each change alone flips it), "either" (neither flips it: each kind alone
+        holds it) or "neither" (no layer of the other kind to test, and hiding changes nothing)."""
+        kept = {kind: test is None or test.answer == self.answer
+                for kind, test in (("MLA", self.mla_hidden), ("KDA", self.kda_reset))}
+        if self.mla_hidden is None or self.kda_reset is None:
+            test_kind = "KDA" if self.mla_hidden is None else "MLA"
+            return "neither" if kept[test_kind] else test_kind
+        if kept["MLA"] and kept["KDA"]:
+            return "either"
+        if not kept["MLA"] and not kept["KDA"]:
+            return "both"
+        return "KDA" if kept["MLA"] else "MLA"
+
+    def sentence(self) -> str:
+        """One line for the state and memory panels: both tests and the verdict, in numbers."""
+        tests = [f"{t.change}: {t.answer!r} (p {self.p_answer:.2f} → {t.p_answer:.2f})"
+                 for t in (self.mla_hidden, self.kda_reset) if t is not None]
+        both_kinds = self.mla_hidden is not None and self.kda_reset is not None
+        verdict = {"KDA": "the KDA states carried it" + (" (the MLA layers are not needed here)" if both_kinds else ""),
+                   "MLA": "the MLA layers carried it (softmax over the cache" +
+                          ("; the KDA states alone lose it)" if both_kinds else ")"),
+                   "both": "it needed both kinds: either change alone loses it",
+                   "either": "either kind alone holds it",
+                   "neither": "the layers tested are not what holds it"}[self.carrier]
+        return f"{'; '.join(tests)}: {verdict}."
+
+
+@dataclass(frozen=True)
 class RecallMoment:
     query: RecallQuery
     heads: tuple[HeadMatch, ...]       # every KDA head, best first
     moves: tuple[LogitMove, ...]       # every sublayer, in execution order
     margin: float                      # the answer's margin, = sum of the moves
     predicted: str                     # the model's argmax at the query
+    kinds: LayerKinds | None = None    # which layer kind carried it (layer_kinds)
 
     @property
     def best_head(self) -> HeadMatch | None:
@@ -228,7 +283,40 @@ def recall_moment(model, ids: list[int], position: int) -> RecallMoment | None:
         moves.append(LogitMove(f"L{layer} {site} · {kind.upper()}", layer, site, share(out, source)))
     margin = float(direction @ (scale * h))
     predicted = decode([int(logits[0, -1, :EOS + 1].argmax())]) or "?"   # the ids past EOS are unused padding rows
-    return RecallMoment(query, tuple(heads), tuple(moves), margin, predicted)
+    return RecallMoment(query, tuple(heads), tuple(moves), margin, predicted, layer_kinds(model, ids, query))
+
+
+def _token_text(logits: torch.Tensor) -> str:
+    return decode([int(logits[:EOS + 1].argmax())]) or "?"   # the ids past EOS are unused padding rows
+
+
+@torch.no_grad()
+def layer_kinds(model, ids: list[int], query: RecallQuery) -> LayerKinds:
+    """Run the query token again from the cache of ids[:query.position], intact, with the MLA layers' window
+    ending after the queried value (window = position - value_at: the value token falls out of it) and with
+    every KDA state reset (tiny_k3.hooks: the same hooks Simulation.what_if uses for TruncateContext and
+    ResetState)."""
+    cfg = model.config
+    position = query.position
+    _, before = model(torch.tensor([ids[:position]], device=model.device))
+    token = torch.tensor([[ids[position]]], device=model.device)
+
+    def run(hooks: Hooks | None) -> torch.Tensor:
+        logits, _ = model(token, before.clone(), hooks=hooks)
+        return logits[0, -1].double()
+
+    intact = run(None)
+    answer_id = int(intact[:EOS + 1].argmax())
+
+    def test(change: str, hooks: Hooks) -> KindTest:
+        logits = run(hooks)
+        return KindTest(change, _token_text(logits), float(torch.softmax(logits, -1)[answer_id]))
+
+    window = position - query.value_at
+    mla = test(f"MLA window {window}", Hooks(attention_window=window)) if cfg.mla_layers else None
+    kda = test("every KDA state reset", Hooks(reset_heads={layer: tuple(range(cfg.kda_heads))
+                                                          for layer in cfg.kda_layers})) if cfg.kda_layers else None
+    return LayerKinds(_token_text(intact), float(torch.softmax(intact, -1)[answer_id]), mla, kda)
 
 
 def recall_query_positions(text: str) -> list[int]:

@@ -133,3 +133,58 @@ def test_a_weak_match_names_no_head_even_when_the_answer_is_right():
     weak = dataclasses.replace(moment, heads=tuple(dataclasses.replace(h, share=MIN_SHARE / 2) for h in moment.heads))
     assert weak.answered and weak.reading_head is None and "under 25%" in weak.why_no_head
     assert dataclasses.replace(moment, predicted="?").reading_head is None
+
+
+# ------------------------------------------------------------------ which layer kind carried it
+
+MANY_PAIRS = ("a=1; b=7; c=3; d=9; e=2; f=5; g=8; h=0; i=4; j=6; k=1; l=3; m=7; n=2; o=9; p=5; q=0; r=8; s=6; "
+              "t=4; u=3; v=1; w=7; x=5; y=2; z=9. | k=")
+
+
+def _p(logits, token: str) -> float:
+    return float(torch.softmax(torch.tensor(np.array(logits), dtype=torch.float64), -1)[encode(token)[-1]])
+
+
+@pytest.mark.parametrize("preset", ["small", "small-twin", "small-kda"])
+def test_layer_kinds_are_the_what_ifs_of_the_mla_window_and_the_kda_reset(preset):
+    """The panels' "carried by" line is Simulation.what_if of the same two changes at the query: the
+    direct replay from the cache before the query token and the what-if engine agree (float32 runs)."""
+    from sim.interventions import TruncateContext
+
+    sim = Simulation(preset, MANY_PAIRS, twin=False)
+    moment = sim.recall_moment()
+    kinds = moment.kinds
+    assert kinds.answer == moment.predicted
+    tests = [(kinds.mla_hidden, TruncateContext(moment.query.position - moment.query.value_at)),
+             (kinds.kda_reset, ResetState())]
+    for test, change in tests:
+        if test is None:
+            assert (change.__class__ is TruncateContext and not sim.config.mla_layers) or \
+                   (change.__class__ is ResetState and not sim.config.kda_layers)
+            continue
+        w = sim.what_if(change)
+        assert w.top_after[0][0][1] == test.answer, (change, test)
+        assert test.p_answer == pytest.approx(_p(w.logits_after[0], kinds.answer), abs=1e-4)
+        assert kinds.p_answer == pytest.approx(_p(w.logits_before[0], kinds.answer), abs=1e-4)
+
+
+def test_the_shipped_hybrid_recalls_26_pairs_through_its_kda_states_not_its_mla_layers():
+    """A finding, not a wish (issue 25): at 26 pairs the shipped hybrid's answer survives the MLA layers
+    losing sight of the value and dies when the KDA states are wiped. If a retrained checkpoint changes
+    this, the README's and lesson 7's sentences about it must change with it."""
+    kinds = Simulation("small", MANY_PAIRS, twin=False).recall_moment().kinds
+    assert kinds.answer == "1" and kinds.carrier == "KDA", kinds.sentence()
+    assert kinds.mla_hidden.answer == "1" and kinds.kda_reset.answer != "1"
+    assert "the KDA states carried it" in kinds.sentence()
+
+
+def test_the_carrier_verdict_follows_which_change_flips_the_answer():
+    from sim.recall_moment import KindTest, LayerKinds
+
+    keep, lose = KindTest("x", "8", 0.9), KindTest("y", "3", 0.1)
+    verdict = lambda mla, kda: LayerKinds("8", 0.95, mla, kda).carrier   # noqa: E731
+    assert verdict(keep, lose) == "KDA" and verdict(lose, keep) == "MLA"
+    assert verdict(lose, lose) == "both" and verdict(keep, keep) == "either"
+    assert verdict(None, lose) == "KDA" and verdict(lose, None) == "MLA"
+    assert verdict(None, keep) == "neither" and verdict(keep, None) == "neither"
+    assert "(the MLA layers are not needed here)" not in LayerKinds("8", 0.9, None, lose).sentence()

@@ -313,6 +313,8 @@ class StatePanel(Panel):
                               f"{cfg.mla_cache_width * cfg.dtype_bytes} B per token", style="cyan"))
         if v.recall is not None and v.recall.best_head is not None:
             parts.append(recall_line(v.recall, v.sim.frames, layer, h))
+        if v.recall is not None and v.recall.kinds is not None:
+            parts.append(carried_line(v.recall))
         if v.pin is not None:
             parts.append(Text(f"showing the head the recall moment names; j/k/h/H go back to layer {v.layer} "
                               f"head {v.head}", style="italic"))
@@ -357,6 +359,13 @@ def recall_line(moment, frames: list[Frame], layer: int, head: int) -> Text:
                                                        "bold"),
                          f": the write at the value {quoted(frames[best.written_at].input_text)} (position "
                          f"{best.written_at}) is {best.share:.0%} of its read, cos {best.cosine:.2f}{shown}")
+
+
+def carried_line(moment) -> Text:
+    """At a recall query: which layer kind carried the answer, measured by taking each away
+    (sim.recall_moment.layer_kinds: the MLA window ending after the value, every KDA state reset)."""
+    kinds = moment.kinds
+    return Text.assemble(("carried by ", "bold magenta"), (kinds.carrier, "bold"), f": {kinds.sentence()}")
 
 
 # ---------------------------------------------------------------------------------------- memory
@@ -430,7 +439,7 @@ class MemoryPanel(Panel):
     TITLE = "Memory"
 
     def key(self, v: View) -> tuple:
-        return (v.session, v.step, v.compare)
+        return (v.session, v.step, v.compare, v.recall is None)
 
     def draw(self, v: View):
         cfg, frame = v.config, v.frame
@@ -441,6 +450,8 @@ class MemoryPanel(Panel):
                           ", the same at 1 token and at 1M"),
             crossover_line(cfg, tokens),
         ]
+        if v.recall is not None and v.recall.kinds is not None:   # which of the two memories held the answer
+            parts.insert(1, carried_line(v.recall))
         if v.compare:                      # what the learner just asked for goes on top, in view
             parts.insert(0, _per_layer_table(cfg, frame))
         # the bars column only when it fits beside the label and three numbers (about 44 cells)
