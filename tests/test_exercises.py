@@ -72,8 +72,8 @@ def test_every_exercise_has_a_difficulty_minutes_and_two_hints(capsys):
         assert ex.hints[0] in one and ex.hints[1] in two and ex.hints[0] != ex.hints[1]
         rungs = len(ex.hints)
         assert f"hint 1/{rungs}" in one and f"hint 2/{rungs}" in two and ex.stars in one
-    checks.hint("kda_step", 2)
-    assert "g.exp()[:, None]" in capsys.readouterr().out     # the formula lives in the hint ...
+    checks.hint("kda_step", 3)
+    assert "g.exp()[:, None]" in capsys.readouterr().out     # the code lives in the last hint ...
     assert "g.exp()[:, None]" not in checks.check_kda_step.expects   # ... not in the "not done yet" spec
 
 
