@@ -20,7 +20,7 @@ from tiny_k3.lineage import cache_size, diff, format_diff
 from tiny_k3.mla import GatedMLA, apply_rope, rope_angles
 from tiny_k3.moe import GatedMLP, LatentMoE, PlainMoE, situ_glu, swiglu
 
-DECODE, PREFILL = 1 << 62, 0   # LatentMoE.gather_max_elements values that force one expert path
+DECODE, PREFILL = "gathered", "sorted"   # mix_experts' two paths (moe_fast.py's stage "pairs"), forced
 
 
 def _randomise(module: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
@@ -48,10 +48,10 @@ def test_swiglu_is_silu_gate_times_up_and_the_dense_mlp_uses_it():
 
 
 @pytest.mark.parametrize("path", [DECODE, PREFILL])
-def test_plain_moe_equals_a_loop_over_all_experts(path, monkeypatch):
+def test_plain_moe_equals_a_loop_over_all_experts(path):
     cfg = K3Config.preset("kimi-linear-tiny", num_experts=32, top_k=4)
     moe = _randomise(PlainMoE(cfg, dtype=torch.float64), std=0.2)
-    monkeypatch.setattr(moe, "gather_max_elements", path)
+    moe.fast.force(pairs=path)
     x = torch.randn(2, 5, cfg.hidden_size, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     routing = moe.router(x)
     expected = torch.zeros_like(x)
