@@ -16,7 +16,7 @@ from tiny_k3 import ConfigError, K3Config, TinyK3, parameter_breakdown, paramete
 from tiny_k3.__main__ import main as cli
 from tiny_k3.config import COUNTED_ONLY, LINEAGE_PRESETS
 from tiny_k3.kda import KDALayer
-from tiny_k3.lineage import cache_size, diff, format_diff
+from tiny_k3.lineage import cache_size, diff
 from tiny_k3.mla import GatedMLA, apply_rope, rope_angles
 from tiny_k3.moe import GatedMLP, LatentMoE, PlainMoE, situ_glu, swiglu
 
@@ -339,8 +339,6 @@ def test_diff_k2_to_k3_names_every_change_with_its_deltas():
     sized = [d for d in diff(k2, k3) if d.unit == "params" and d.part not in ("total parameters", "active per token")]
     assert sum(d.delta for d in sized) == t3 - t2                         # the parts add up to the total
     assert all(not d.changed for d in diff(k3, k3))
-    text = format_diff(k2, k3, changed_only=True)
-    assert "KV cache per token: 70,272 B" in text and "-42,624 B" in text and "vocabulary" not in text
 
 
 def test_diff_command_prints_the_table_and_rejects_unknown_presets():
@@ -350,6 +348,11 @@ def test_diff_command_prints_the_table_and_rejects_unknown_presets():
     text = out.getvalue()
     for needle in ("20 KDA + 7 MLA", "69 KDA + 24 MLA", "rank 128", "full rank", "+19,584 B", "SwiGLU"):
         assert needle in text, needle
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli(["diff", "k2", "k3", "--changed"]) == 0
+    text = out.getvalue()
+    assert "70,272 B" in text and "-42,624 B" in text and "vocabulary" not in text   # only the changed parts
     out = io.StringIO()
     with redirect_stdout(out):
         assert cli(["diff", "k4", "k3"]) == 2
