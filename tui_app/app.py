@@ -6,136 +6,44 @@ timeline, the routing headline (always on screen), a panel switcher and one pane
 a message. The zoomed panel (z) keeps its border, and the status line keeps the step.
 
 Work. The plain-Python `Driver` owns the Simulation, the cursor and what to compute next; this class only
-turns keys into driver calls and runs the driver's jobs in Textual thread workers (one load, one step at a
-time), whose results come back as dataclass messages. Reactive state is scalars only.
+turns keys into driver calls and runs the driver's jobs in Textual thread workers (`run_job`: one load,
+one step, one what-if at a time), whose outcomes come back as messages (tui_app/messages.py). Reactive
+state is scalars only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from sim import render
-from sim.interventions import describe
-from sim.memory import format_bytes
-from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
-from tiny_k3.tokenizer import token_text
-from tiny_k3.weights import config_for
+from sim.memory import crossover_tokens, format_bytes
+from sim.presets import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config, config_for
 
 from .commands import K3Commands, K3Palette
-from .driver import (WHAT_IF_STEPS, Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec, WhatIfJob, runs_dir,
-                     save_note)
+from .driver import WHAT_IF_STEPS, Driver, RunSpec, runs_dir, save_note
 from .footer import K3Footer
-from .panels import (DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, crossover_tokens, plural,
-                     quoted, routing_headline, timeline_text)
+from .messages import JobFinished, JobOutcome, JobProgress, WorkerPool, run_job
+from .panels import DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, quoted, routing_headline
 from .screens import HelpScreen, PresetScreen, PromptScreen
 from .whatif_menu import WhatIfMenu, menu_for, unavailable
 from .whatif_screen import WhatIfScreen
+from .widgets import PanelTabs, ProgressLine, StatusLine, Timeline
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24      # compact layout from here: tokens, routing headline, one panel at a time
 FULL_WIDTH, FULL_HEIGHT = 120, 36   # full layout from here: all four panels
 TALL_HEIGHT = 44                    # from here the routing panel shows the whole top-16 table (20 rows)
 RUN_INTERVAL = 0.08                 # seconds between steps while running (the display rate)
 PANELS = ("routing", "state", "depth", "memory")
-WORKER_THREAD = "tiny-k3-worker"    # name prefix of the worker threads (tui.main waits for them on exit)
-
-
-# ---------------------------------------------------------------------------------------- messages
-
-
-@dataclass
-class LoadProgress(Message):
-    ticket: LoadTicket
-    progress: Progress
-
-
-class JobOutcome(NamedTuple):
-    """How a driver job run in a worker thread ended: its value, or one sentence, or cancelled."""
-
-    value: object = None
-    error: str | None = None
-    cancelled: bool = False
-
-
-def run_job(job: Callable[[], object]) -> JobOutcome:
-    """Run job(); a ValueError keeps its own sentence, any other exception is named (shown in the status
-    line, never a crash of the interface), Cancelled is cancelled."""
-    try:
-        return JobOutcome(job())
-    except Cancelled:
-        return JobOutcome(cancelled=True)
-    except ValueError as exc:
-        return JobOutcome(error=str(exc))
-    except Exception as exc:  # noqa: BLE001
-        return JobOutcome(error=f"{type(exc).__name__}: {exc}")
-
-
-@dataclass
-class LoadFinished(Message):
-    ticket: LoadTicket
-    loaded: Loaded | None = None
-    error: str | None = None
-    cancelled: bool = False
-
-
-@dataclass
-class StepFinished(Message):
-    sim: object
-    error: str | None = None
-
-
-@dataclass
-class WhatIfProgress(Message):
-    job: WhatIfJob
-    progress: Progress
-
-
-@dataclass
-class WhatIfFinished(Message):
-    job: WhatIfJob
-    result: object = None           # sim.whatif.WhatIf
-    error: str | None = None
-    cancelled: bool = False
-    carried: object = None          # sim.recall_moment.StillCarried: a reset that left the answer, and who holds it
-
-
-@dataclass
-class RecallFinished(Message):
-    sim: object
-    index: int
-    moment: object = None           # sim.recall_moment.RecallMoment, None when it failed
-    error: str | None = None
-
-
-@dataclass
-class SaveFinished(Message):
-    path: str
-    step: int
-    error: str | None = None
-
-
-class _PromptExecutor(ThreadPoolExecutor):
-    """The workers' thread pool. Its shutdown does not wait: quitting must not wait for a token in flight
-    (the jobs stop at their next cancel check; tui.main gives them a moment, then exits anyway)."""
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        super().shutdown(wait=False, cancel_futures=True)
-
-
-# ---------------------------------------------------------------------------------------- the app
 
 
 class TinyK3App(App):
@@ -235,9 +143,9 @@ class TinyK3App(App):
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
-        yield Static(id="timeline")
+        yield Timeline(id="timeline")
         yield Static(id="headline")
-        yield Static(id="tabs")
+        yield PanelTabs(id="tabs")
         with Vertical(id="panels"):
             yield RoutingPanel(id="routing")
             with Horizontal(id="lower"):
@@ -245,21 +153,19 @@ class TinyK3App(App):
                 yield DepthPanel(id="depth")
                 yield MemoryPanel(id="memory")
         yield Static(id="too-small")
-        yield Static(id="progress")
+        yield ProgressLine(id="progress")
         yield Static(id="message")
-        yield Static(id="status")
+        yield StatusLine(id="status")
         yield K3Footer()             # the keys that fit the width, in BINDINGS order
 
     def on_mount(self) -> None:
-        asyncio.get_running_loop().set_default_executor(
-            _PromptExecutor(max_workers=4, thread_name_prefix=WORKER_THREAD))
+        asyncio.get_running_loop().set_default_executor(WorkerPool())
         self._main = self.screen
         q = self._main.query_one
         self._panels: dict[str, Panel] = {name: q(f"#{name}", Panel) for name in PANELS}
-        self._timeline, self._headline, self._tabs = q("#timeline", Static), q("#headline", Static), q("#tabs", Static)
-        self._status, self._message, self._progress = q("#status", Static), q("#message", Static), q("#progress", Static)
+        self._timeline, self._headline, self._tabs = q(Timeline), q("#headline", Static), q(PanelTabs)
+        self._status, self._message, self._progress = q(StatusLine), q("#message", Static), q(ProgressLine)
         self._too_small = q("#too-small", Static)
-        self._timeline.border_title = "Tokens"
         self._ticker = self.set_interval(RUN_INTERVAL, self._tick, pause=True)
         self._apply_layout(self.size)
         self._panels["routing"].focus()
@@ -308,25 +214,20 @@ class TinyK3App(App):
         ticket = self.driver.begin_load(spec)
         self._set_message("")
         self._redraw()                      # the loading line shows at once, not at the next key
-        self._load_worker(ticket)
 
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def _load_worker(self, ticket: LoadTicket) -> None:
-        out = run_job(lambda: self.driver.run_load(ticket, lambda p: self.post_message(LoadProgress(ticket, p))))
-        self.post_message(LoadFinished(ticket, loaded=out.value, error=out.error, cancelled=out.cancelled))
+        def progress(p) -> None:
+            if self.driver.report(ticket, p):
+                self._draw_progress()
 
-    @on(LoadProgress)
-    def _load_progress(self, msg: LoadProgress) -> None:
-        if not self._quitting and self.driver.report(msg.ticket, msg.progress):
-            self._draw_progress()
+        self.run_in_worker("load", lambda report: self.driver.run_load(ticket, report),
+                     lambda out: self._load_finished(ticket, out), progress)
 
-    @on(LoadFinished)
-    def _load_finished(self, msg: LoadFinished) -> None:
-        if self._quitting or msg.cancelled:
+    def _load_finished(self, ticket, out: JobOutcome) -> None:
+        if out.cancelled:
             return
-        if msg.loaded is not None:
+        if out.value is not None:
             previous = self.preset if self.sim is not None else None
-            if not self.driver.finish_load(msg.ticket, msg.loaded):
+            if not self.driver.finish_load(ticket, out.value):
                 return
             self.session += 1
             self.config = self.sim.config
@@ -341,9 +242,9 @@ class TinyK3App(App):
             self._set_message("")
             self._redraw()
             self._pump()
-        elif self.driver.fail_load(msg.ticket):
+        elif self.driver.fail_load(ticket):
             kept = "kept the current session" if self.sim is not None else "nothing loaded: e for a prompt, p for a preset"
-            self._set_message(Text.assemble(("Not loaded: ", "bold red"), f"{msg.error} ({kept})"))
+            self._set_message(Text.assemble(("Not loaded: ", "bold red"), f"{out.error} ({kept})"))
             self._redraw()
 
     def action_cancel(self) -> None:
@@ -371,11 +272,13 @@ class TinyK3App(App):
         if self._quitting:
             return
         if d.wants_what_if():
-            self._what_if_worker(d.start_what_if())
+            self._start_what_if_job(d.start_what_if())
         elif d.wants_recall():
-            self._recall_worker(*d.start_recall())
+            sim, index = d.start_recall()
+            self.run_in_worker("recall", lambda _: d.run_recall(sim, index), lambda out: self._recall_finished(sim, index, out))
         elif d.wants_step():
-            self._step_worker(*d.start_step())
+            sim, flag = d.start_step()
+            self.run_in_worker("step", lambda _: d.run_step(sim, flag), lambda out: self._step_finished(sim, out))
 
     def _pump_after_paint(self) -> None:
         """Compute ahead only once the new step is on screen (the worker holds the GIL in bursts)."""
@@ -383,20 +286,35 @@ class TinyK3App(App):
             self._pump_pending = True
             self.call_after_refresh(self._pump)
 
-    @work(thread=True, exclusive=True, group="step", exit_on_error=False)
-    def _step_worker(self, sim, flag) -> None:
-        out = run_job(lambda: self.driver.run_step(sim, flag))
-        if not out.cancelled:
-            self.post_message(StepFinished(sim, error=out.error))
+    def run_in_worker(self, group: str, job: Callable[[Callable], object], finished: Callable[[JobOutcome], None],
+                progress: Callable[[object], None] | None = None) -> None:
+        """Run job(report) in a thread worker, one per group (a new one replaces the old); report(p) hands p
+        to progress and the outcome goes to finished, both on the UI thread (messages.JobProgress, JobFinished)."""
+        def report(p) -> None:
+            self.post_message(JobProgress(p, progress))
 
-    @on(StepFinished)
-    def _step_finished(self, msg: StepFinished) -> None:
-        if self._quitting:
+        def work() -> None:
+            self.post_message(JobFinished(run_job(lambda: job(report)), finished))
+
+        self.run_worker(work, name=group, group=group, thread=True, exclusive=True, exit_on_error=False)
+
+    @on(JobProgress)
+    def _job_progress(self, msg: JobProgress) -> None:
+        if not self._quitting and msg.then is not None:
+            msg.then(msg.progress)
+
+    @on(JobFinished)
+    def _job_finished(self, msg: JobFinished) -> None:
+        if not self._quitting:
+            msg.then(msg.outcome)
+
+    def _step_finished(self, sim, out: JobOutcome) -> None:
+        if out.cancelled:
             return
-        moved = self.driver.finish_step(msg.sim, msg.error)
-        if msg.error is not None and msg.sim is self.sim:
+        moved = self.driver.finish_step(sim, out.error)
+        if out.error is not None and sim is self.sim:
             self.running = False
-            self._set_message(Text.assemble(("Cannot step further: ", "bold red"), msg.error))
+            self._set_message(Text.assemble(("Cannot step further: ", "bold red"), out.error))
         if moved:
             self._step_changed()
         else:
@@ -404,22 +322,11 @@ class TinyK3App(App):
             self._pump()
 
     # ------------------------------------------------------------------ the recall moment
-    @work(thread=True, exclusive=True, group="recall", exit_on_error=False)
-    def _recall_worker(self, sim, index: int) -> None:
-        try:
-            moment = self.driver.run_recall(sim, index)
-        except Exception as exc:  # noqa: BLE001 - the panels then show no recall line, never a crash
-            self.post_message(RecallFinished(sim, index, error=f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(RecallFinished(sim, index, moment))
-
-    @on(RecallFinished)
-    def _recall_finished(self, msg: RecallFinished) -> None:
-        if self._quitting:
-            return
-        if self.driver.finish_recall(msg.sim, msg.index, msg.moment):
-            if msg.error:
-                self._set_message(Text.assemble(("No recall moment: ", "bold red"), msg.error))
+    def _recall_finished(self, sim, index: int, out: JobOutcome) -> None:
+        """A failed recall moment leaves the panels without a recall line, never crashes them."""
+        if self.driver.finish_recall(sim, index, out.value):
+            if out.error:
+                self._set_message(Text.assemble(("No recall moment: ", "bold red"), out.error))
             self._redraw()
         self._pump()
 
@@ -465,30 +372,28 @@ class TinyK3App(App):
         self._draw_status()
         self._pump()
 
-    @work(thread=True, exclusive=True, group="whatif", exit_on_error=False)
-    def _what_if_worker(self, job: WhatIfJob) -> None:
-        out = run_job(lambda: self.driver.run_what_if(job, lambda p: self.post_message(WhatIfProgress(job, p))))
-        carried = None
-        if out.value is not None:
-            carried = run_job(lambda: self.driver.run_still_carried(job, out.value)).value
-        self.post_message(WhatIfFinished(job, result=out.value, error=out.error, cancelled=out.cancelled,
-                                         carried=carried))
+    def _start_what_if_job(self, job) -> None:
+        """The what-if, then (when it ran) who still carries a recall answer it reset (None on any error)."""
+        d = self.driver
 
-    @on(WhatIfProgress)
-    def _what_if_progress(self, msg: WhatIfProgress) -> None:
-        if not self._quitting and self.driver.report_what_if(msg.job, msg.progress):
-            self._draw_progress()
+        def what_if(report):
+            result = d.run_what_if(job, report)
+            return result, run_job(lambda: d.run_still_carried(job, result)).value
 
-    @on(WhatIfFinished)
-    def _what_if_finished(self, msg: WhatIfFinished) -> None:
-        if self._quitting:
-            return
-        if self.driver.finish_what_if(msg.job):
-            if msg.result is not None and self._whatif_for is not None and self._whatif_for[0] is msg.job:
+        def progress(p) -> None:
+            if d.report_what_if(job, p):
+                self._draw_progress()
+
+        self.run_in_worker("whatif", what_if, lambda out: self._what_if_finished(job, out), progress)
+
+    def _what_if_finished(self, job, out: JobOutcome) -> None:
+        if self.driver.finish_what_if(job):
+            result, carried = out.value or (None, None)
+            if result is not None and self._whatif_for is not None and self._whatif_for[0] is job:
                 _, panel, layer, head = self._whatif_for
-                self.push_screen(WhatIfScreen(msg.result, msg.job.sim, panel, layer, head, msg.carried))
+                self.push_screen(WhatIfScreen(result, job.sim, panel, layer, head, carried))
             else:
-                self._set_message(Text.assemble(("What-if not run: ", "bold red"), msg.error or "it was cancelled"))
+                self._set_message(Text.assemble(("What-if not run: ", "bold red"), out.error or "it was cancelled"))
         self._draw_progress()
         self._draw_status()
         self._pump()
@@ -697,7 +602,7 @@ class TinyK3App(App):
                 self.load_session(prompt=prompt)
 
         self.running = False
-        self.push_screen(PromptScreen(self.prompt, self.config.max_seq_len), done)
+        self.push_screen(PromptScreen(self.prompt, self.config), done)
 
     def action_preset(self) -> None:
         if self._quitting:
@@ -719,26 +624,14 @@ class TinyK3App(App):
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = self.save_dir / f"tiny-k3-{self.preset.replace('/', '_')}-{stamp}.npz"
         self._set_message(f"saving to {path} …")
-        self._save_worker(self.sim, path, self.step)
+        sim, step = self.sim, self.step
 
-    @work(thread=True, exclusive=True, group="save", exit_on_error=False)
-    def _save_worker(self, sim, path: Path, step: int) -> None:
-        try:
+        def save(_) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             sim.save(path, cursor=step)
-        except (OSError, ValueError) as exc:
-            self.post_message(SaveFinished(str(path), step, error=f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(SaveFinished(str(path), step))
 
-    @on(SaveFinished)
-    def _save_finished(self, msg: SaveFinished) -> None:
-        if self._quitting:
-            return
-        if msg.error:
-            self._set_message(Text.assemble(("Not saved: ", "bold red"), msg.error))
-        else:
-            self._set_message(save_note(Path(msg.path), msg.step))
+        self.run_in_worker("save", save, lambda out: self._set_message(
+            Text.assemble(("Not saved: ", "bold red"), out.error) if out.error else save_note(path, step)))
 
     async def action_quit(self) -> None:
         """Quit now, whatever is running: jobs stop at their next cancel check (between two tokens)."""
@@ -783,77 +676,19 @@ class TinyK3App(App):
         for panel in self._panels.values():
             panel.show(view, waiting)
         if view is not None:
-            frames = self.sim.frames
-            self._timeline.update(timeline_text(frames, self.sim.prompt_len, view.step, self.driver.visited,
-                                                max(self.size.width - 4, 20)), layout=False)
-            f = view.frame
-            tops = "  ".join(f"{quoted(token_text(i))} {p:.3f}" for i, p in zip(f.top_ids.tolist(),
-                                                                                  f.top_probs.tolist()))
-            prompt = " (prompt)" if view.step < self.sim.prompt_len - 1 else ""
-            self._timeline.border_subtitle = (f"step {view.step} · position {f.position} · input "
-                                              f"{quoted(f.input_text)} → {quoted(f.token_text)}{prompt} · next: {tops}")
+            self._timeline.show(view, self.driver.visited)
             self._headline.update(routing_headline(view), layout=False)
-        self._tabs.update(Text.from_markup("  ".join(
-            (f"[reverse b] {i + 1} {name.title()} [/]" if name == self.shown_panel else
-             f"[@click=app.show_panel('{name}')] {i + 1} {name.title()} [/]") for i, name in enumerate(PANELS))
-            + "   [dim]tab / 1-4 switch · z zoom[/]"), layout=False)
+        self._tabs.show(PANELS, self.shown_panel)
         self._draw_status()
         self._draw_progress()
 
     def _draw_status(self) -> None:
-        if self._quitting or not self.is_mounted:
-            return
-        d = self.driver
-        parts = [f"[b]{self.preset}[/]"]
-        if d.sim is not None:
-            f = d.frames[self.step]
-            parts.append(f"step {self.step}/{d.visited}")
-            mlp = "MoE" if self.layer in self.config.moe_layers else "dense"
-            parts.append(f"layer {self.layer} ({self.config.layer_kinds[self.layer].upper()} · {mlp})")
-            parts.append(f"head {self.head}")
-            ms = f"{f.step_ms:.1f} ms/step" if self.show_timings else "-- ms/step"
-            if self.compare:
-                ms += f" (twin {f.twin_step_ms:.1f})" if self.show_timings else " (twin --)"
-            parts.append(ms)
-            parts.append(d.weights)
-            parts.append(f"device {d.sim.device}")
-        if self.running:
-            parts.append("[b green]▶ running[/]")
-        if self.compare:
-            parts.append("[b cyan]compare: hybrid vs twin[/]")
-        if d.loading is not None:
-            parts.append(f"[b yellow]loading {d.loading.spec.preset} …[/]")
-        if d.whatif is not None:
-            parts.append("[b magenta]what-if …[/]")
-        self._status.update(Text.from_markup(" │ ".join(parts)), layout=False)
+        if not self._quitting and self.is_mounted:
+            self._status.show(self)
 
     def _draw_progress(self) -> None:
-        if self._quitting:
-            return
-        ticket, p = self.driver.loading, self.driver.progress
-        self._progress.display = ticket is not None or self.driver.whatif is not None
-        if ticket is None:
-            if self.driver.whatif is not None:
-                self._progress.update(self._what_if_line())
-            return
-        what = f"loading {ticket.spec.open_path or ticket.spec.preset} ({ticket.spec.expected_weights()})"
-        if p is None:
-            line = Text(f"{what}: building the model … · Esc cancels", style="bold yellow")
-        else:
-            rate = p.tokens_per_s
-            left = f" · about {(p.total - p.done) / rate:.0f} s left" if rate > 0 and p.done < p.total else ""
-            line = Text.assemble((f"{what}: ", "bold yellow"), f"{p.done:,}/{plural(p.total, 'token')} ",
-                                 (render.bar(p.done / max(p.total, 1), 20), "yellow"),
-                                 f" {p.done / max(p.total, 1):.0%} · {rate:.1f} tokens/s{left} · Esc cancels")
-        self._progress.update(line)
-
-    def _what_if_line(self) -> Text:
-        job, p = self.driver.whatif, self.driver.whatif_progress
-        what = ", ".join(describe(c) for c in job.changes) or "nothing"
-        done = 0 if p is None else p.done
-        return Text.assemble((f"what-if ({what}) at step {job.step}: ", "bold magenta"),
-                             f"token {done}/{job.steps} ", (render.bar(done / job.steps, 20), "magenta"),
-                             " · Esc cancels; the timeline is untouched")
+        if not self._quitting:
+            self._progress.show(self.driver)
 
     def _set_message(self, text: str | Text) -> None:
         if self._quitting:
