@@ -29,58 +29,57 @@ from textual.widgets import Static
 from sim.memory import crossover_tokens, format_bytes
 from sim.presets import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config, config_for
 
-from .commands import K3Commands, K3Palette
-from .driver import WHAT_IF_STEPS, Driver, RunSpec, runs_dir, save_note
+from .commands import K3Commands
+from .driver import Driver, RunSpec, runs_dir, save_note
 from .footer import K3Footer
 from .messages import JobFinished, JobOutcome, JobProgress, WorkerPool, run_job
-from .panels import DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, quoted, routing_headline
-from .screens import HelpScreen, PresetScreen, PromptScreen
-from .whatif_menu import WhatIfMenu, menu_for, unavailable
-from .whatif_screen import WhatIfScreen
-from .widgets import PanelTabs, ProgressLine, StatusLine, Timeline
+from .panels import DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, routing_headline
+from .dialogs import Dialogs
+from .navigation import PANELS, Navigation
+from .widgets import PanelTabs, ProgressLine, StatusLine, Timeline, TooSmall
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24      # compact layout from here: tokens, routing headline, one panel at a time
 FULL_WIDTH, FULL_HEIGHT = 120, 36   # full layout from here: all four panels
 TALL_HEIGHT = 44                    # from here the routing panel shows the whole top-16 table (20 rows)
 RUN_INTERVAL = 0.08                 # seconds between steps while running (the display rate)
-PANELS = ("routing", "state", "depth", "memory")
 
 
-class TinyK3App(App):
+# In the footer's order: K3Footer shows the first ones that fit the width (80 columns: n to s), ? all.
+KEYS = [
+    Binding("n", "next", "next"),
+    Binding("right", "next", "next", show=False),
+    Binding("b", "back", "back"),
+    Binding("left", "back", "back", show=False),
+    Binding("x", "what_if", "what-if"),
+    Binding("r", "run", "run"),
+    Binding("j", "layer(1)", "layer", key_display="j/k"),
+    Binding("k", "layer(-1)", "layer-", show=False),
+    Binding("e", "edit_prompt", "prompt"),
+    Binding("p", "preset", "preset"),
+    Binding("question_mark", "help", "help"),
+    Binding("q", "quit", "quit"),
+    Binding("s", "save", "save"),
+    Binding("c", "compare", "compare"),
+    Binding("z", "zoom", "zoom"),
+    Binding("i", "step_in", "in"),
+    Binding("ctrl+p", "command_palette", "palette", key_display="^p"),
+    Binding("o", "step_out", "out", show=False),
+    Binding("h", "head(1)", "head", show=False),
+    Binding("H", "head(-1)", "head-", show=False),
+    Binding("tab", "cycle_panel(1)", "panel", show=False, priority=True),
+    Binding("shift+tab", "cycle_panel(-1)", "panel", show=False, priority=True),
+    Binding("escape", "cancel", "cancel", show=False),
+    *(Binding(str(i + 1), f"show_panel('{name}')", name, show=False) for i, name in enumerate(PANELS)),
+]
+
+
+class TinyK3App(Navigation, Dialogs, App):
     """The step-through simulator. `TinyK3App()` opens the default preset and prompt."""
 
     CSS_PATH = Path(__file__).with_name("tui.tcss")
     TITLE = "tiny-k3"
     COMMANDS = App.COMMANDS | {K3Commands}
-    # In the footer's order: K3Footer shows the first ones that fit the width (80 columns: n to s), ? all.
-    BINDINGS = [
-        Binding("n", "next", "next"),
-        Binding("right", "next", "next", show=False),
-        Binding("b", "back", "back"),
-        Binding("left", "back", "back", show=False),
-        Binding("x", "what_if", "what-if"),
-        Binding("r", "run", "run"),
-        Binding("j", "layer(1)", "layer", key_display="j/k"),
-        Binding("k", "layer(-1)", "layer-", show=False),
-        Binding("e", "edit_prompt", "prompt"),
-        Binding("p", "preset", "preset"),
-        Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
-        Binding("s", "save", "save"),
-        Binding("c", "compare", "compare"),
-        Binding("z", "zoom", "zoom"),
-        Binding("i", "step_in", "in"),
-        Binding("ctrl+p", "command_palette", "palette", key_display="^p"),
-        Binding("o", "step_out", "out", show=False),
-        Binding("h", "head(1)", "head", show=False),
-        Binding("H", "head(-1)", "head-", show=False),
-        Binding("tab", "cycle_panel(1)", "panel", show=False, priority=True),
-        Binding("shift+tab", "cycle_panel(-1)", "panel", show=False, priority=True),
-        Binding("escape", "cancel", "cancel", show=False),
-        *(Binding(str(i + 1), f"show_panel('{name}')", name, show=False) for i, name in enumerate(PANELS)),
-    ]
-    # modal screens: each is one action that pushes a screen from its own module (screens.py, whatif_menu.py,
-    # whatif_screen.py)
+    BINDINGS = KEYS       # their actions: here, navigation.py (selection, panels), dialogs.py (modal screens)
 
     layer: reactive[int] = reactive(1, init=False, repaint=False)
     head: reactive[int] = reactive(0, init=False, repaint=False)
@@ -152,7 +151,7 @@ class TinyK3App(App):
                 yield StatePanel(id="state")
                 yield DepthPanel(id="depth")
                 yield MemoryPanel(id="memory")
-        yield Static(id="too-small")
+        yield TooSmall(id="too-small")
         yield ProgressLine(id="progress")
         yield Static(id="message")
         yield StatusLine(id="status")
@@ -165,7 +164,7 @@ class TinyK3App(App):
         self._panels: dict[str, Panel] = {name: q(f"#{name}", Panel) for name in PANELS}
         self._timeline, self._headline, self._tabs = q(Timeline), q("#headline", Static), q(PanelTabs)
         self._status, self._message, self._progress = q(StatusLine), q("#message", Static), q(ProgressLine)
-        self._too_small = q("#too-small", Static)
+        self._too_small = q(TooSmall)
         self._ticker = self.set_interval(RUN_INTERVAL, self._tick, pause=True)
         self._apply_layout(self.size)
         self._panels["routing"].focus()
@@ -190,11 +189,7 @@ class TinyK3App(App):
         for name in PANELS:
             screen.set_class(name == self.shown_panel, f"-show-{name}")
         if mode == "too-small":
-            self._too_small.update(
-                f"Terminal too small\n\ntiny-k3 needs at least {MIN_WIDTH} x {MIN_HEIGHT} characters "
-                f"({FULL_WIDTH} x {FULL_HEIGHT} shows all panels at once); this one is {w} x {h}.\n"
-                "Enlarge the window or make the font smaller:\nthe simulator keeps its place and comes back "
-                "when there is room.\n\nq quits.")
+            self._too_small.show(size, (MIN_WIDTH, MIN_HEIGHT), (FULL_WIDTH, FULL_HEIGHT))
         for panel in self._panels.values():   # what is visible changed: redraw everything once laid out
             panel.invalidate()
         self.call_after_refresh(self._redraw)
@@ -257,11 +252,6 @@ class TinyK3App(App):
             kept = "the current session stays" if self.sim is not None else "nothing loaded: e for a prompt, p for a preset"
             self._set_message(f"load cancelled; {kept}")
             self._redraw()
-
-    def _start_layer(self) -> int:
-        cfg = self.config
-        both = [i for i in cfg.kda_layers if i in cfg.moe_layers]
-        return both[0] if both else 0
 
     # ------------------------------------------------------------------ stepping
     def _pump(self) -> None:
@@ -329,80 +319,6 @@ class TinyK3App(App):
                 self._set_message(Text.assemble(("No recall moment: ", "bold red"), out.error))
             self._redraw()
         self._pump()
-
-    # ------------------------------------------------------------------ what-if
-    def _focused_panel(self) -> str:
-        return self.focused.id if self.focused is not None and self.focused.id in PANELS else self.shown_panel
-
-    def action_what_if(self) -> None:
-        """x: the what-if menu for the focused panel at this step, layer and head."""
-        if self._quitting or self.sim is None:
-            return
-        panel, view = self._focused_panel(), self.view()
-        items = menu_for(panel, view)
-        steps = max(1, min(WHAT_IF_STEPS, self.config.max_seq_len - self.step))
-        layer, head = self._panel_place(panel)
-        title = (f"[b]What if[/b] … at step {self.step}, input {quoted(view.frame.input_text)} ({panel} panel, "
-                 f"layer {layer}, head {head})")
-        self.running = False
-        self.push_screen(WhatIfMenu(title, items, "" if items else unavailable(panel, view), steps),
-                         lambda changes: None if changes is None else self.start_what_if(changes, panel))
-
-    def _panel_place(self, panel: str) -> tuple[int, int]:
-        """(layer, head) a panel shows now; the state panel's may be the pinned reading head."""
-        view = self.view()
-        if panel == "state" and view is not None and view.kda_layer is not None:
-            return view.kda_layer, view.kda_head
-        return self.layer, self.head
-
-    def start_what_if(self, changes: tuple, panel: str | None = None) -> None:
-        """Compute Simulation.what_if(*changes) at the cursor's frame in a worker; the result opens WhatIfScreen."""
-        if self._quitting or self.sim is None:
-            return
-        try:
-            job = self.driver.request_what_if(changes)
-        except ValueError as exc:
-            self._set_message(Text.assemble(("What-if not run: ", "bold red"), str(exc)))
-            return
-        panel = panel or self._focused_panel()
-        self._whatif_for = (job, panel, *self._panel_place(panel))
-        self.running = False
-        self._set_message("")
-        self._draw_progress()
-        self._draw_status()
-        self._pump()
-
-    def _start_what_if_job(self, job) -> None:
-        """The what-if, then (when it ran) who still carries a recall answer it reset (None on any error)."""
-        d = self.driver
-
-        def what_if(report):
-            result = d.run_what_if(job, report)
-            return result, run_job(lambda: d.run_still_carried(job, result)).value
-
-        def progress(p) -> None:
-            if d.report_what_if(job, p):
-                self._draw_progress()
-
-        self.run_in_worker("whatif", what_if, lambda out: self._what_if_finished(job, out), progress)
-
-    def _what_if_finished(self, job, out: JobOutcome) -> None:
-        if self.driver.finish_what_if(job):
-            result, carried = out.value or (None, None)
-            if result is not None and self._whatif_for is not None and self._whatif_for[0] is job:
-                _, panel, layer, head = self._whatif_for
-                self.push_screen(WhatIfScreen(result, job.sim, panel, layer, head, carried))
-            else:
-                self._set_message(Text.assemble(("What-if not run: ", "bold red"), out.error or "it was cancelled"))
-        self._draw_progress()
-        self._draw_status()
-        self._pump()
-
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """tab / shift+tab are priority keys (panels are focusable): on a modal screen they are not ours."""
-        if action == "cycle_panel" and self._main is not None and self.screen is not self._main:
-            return False
-        return True
 
     # ------------------------------------------------------------------ stepping, continued
     def _step_changed(self) -> None:
@@ -482,141 +398,6 @@ class TinyK3App(App):
                               f"the hybrid's ({format_bytes(m.total_bytes)}), and only pulls away from here; "
                               f"r runs on")
 
-    # ------------------------------------------------------------------ layers, heads, sublayers
-    def action_step_in(self) -> None:
-        if self.sim is None or self._quitting:
-            return
-        if self.sublayer_index < 0:
-            self.sublayer_index = next((s.index for s in self._sublayer_views() if s.layer == self.layer), 0)
-        self.action_show_panel("depth")
-
-    def action_step_out(self) -> None:
-        self.sublayer_index = -1
-
-    def _unpin(self) -> None:
-        """The learner picks a layer or head: the state panel follows the selection again."""
-        if self.pin_recall:
-            self.pin_recall = False
-            self._redraw()
-
-    def action_layer(self, delta: int) -> None:
-        if self.sim is None or self._quitting:
-            return
-        self._unpin()
-        if self.sublayer_index >= 0:
-            subs = self._sublayer_views()
-            target = self.sublayer_index + delta
-            if not 0 <= target < len(subs):
-                self._set_message("already at the " + ("embedding" if target < 0 else "head") +
-                                  ", the first sublayer" * (target < 0) + ", the last sublayer" * (target > 0))
-                return
-            self.sublayer_index = target
-            layer = subs[target].layer
-            if 0 <= layer < self.config.num_layers:
-                self.layer = layer
-            return
-        target = self.layer + delta
-        if not 0 <= target < self.config.num_layers:
-            edge = "first layer (0); j goes deeper" if target < 0 else \
-                f"last layer ({self.config.num_layers - 1}); k goes back"
-            self._set_message(f"already at the {edge}")
-            return
-        self.layer = target
-
-    def select_layer(self, layer: int) -> None:
-        self._unpin()
-        self.layer = max(0, min(self.config.num_layers - 1, layer))
-        if self.sublayer_index >= 0 and self.sim is not None:
-            self.sublayer_index = next((s.index for s in self._sublayer_views() if s.layer == self.layer), 0)
-
-    def action_head(self, delta: int) -> None:
-        self._unpin()
-        self.head = (self.head + delta) % max(self.config.kda_heads, 1)
-
-    def select_head(self, head: int) -> None:
-        self._unpin()
-        self.head = max(0, min(self.config.kda_heads - 1, head))
-
-    def select_expert(self, expert: int) -> None:
-        self.expert = expert if 0 <= expert < self.config.num_experts else -1
-        if self.expert >= 0 and self.layer not in self.config.moe_layers and self.config.moe_layers:
-            self.layer = self.config.moe_layers[0]
-
-    def action_compare(self) -> None:
-        self.compare = not self.compare
-
-    def watch_layer(self) -> None:
-        self._redraw()
-
-    def watch_head(self) -> None:
-        self._redraw()
-
-    def watch_sublayer_index(self, index: int) -> None:
-        self._main.set_class(index >= 0, "-inside")
-        self._redraw()
-
-    def watch_expert(self) -> None:
-        self._redraw()
-
-    def watch_compare(self) -> None:
-        self._redraw()
-
-    # ------------------------------------------------------------------ panels, zoom
-    def action_show_panel(self, name: str) -> None:
-        if self._quitting:
-            return
-        self.shown_panel = name
-        self._apply_layout(self.size)
-        self._panels[name].focus()
-
-    def action_cycle_panel(self, delta: int) -> None:
-        i = PANELS.index(self.shown_panel if self.focused is None or self.focused.id not in PANELS
-                         else self.focused.id)
-        self.action_show_panel(PANELS[(i + delta) % len(PANELS)])
-
-    def action_zoom(self) -> None:
-        if self._quitting:
-            return
-        if not self.zoomed and self.focused is not None and self.focused.id in PANELS:
-            self.shown_panel = self.focused.id
-        self.zoomed = not self.zoomed
-        self._apply_layout(self.size)
-
-    # ------------------------------------------------------------------ modal screens
-    def action_command_palette(self) -> None:
-        """ctrl+p: the palette (K3Palette: it closes once, whatever keys are queued behind the Enter). Only
-        over the main screen: its commands act on the timeline, not on a dialog or a what-if result."""
-        if self.use_command_palette and not self._quitting and self.screen is self._main:
-            self.push_screen(K3Palette(id="--command-palette"))
-
-    def action_help(self) -> None:
-        if not self._quitting:
-            self.push_screen(HelpScreen())
-
-    def action_edit_prompt(self) -> None:
-        if self._quitting:
-            return
-
-        def done(prompt: str | None) -> None:
-            if prompt is not None:
-                self.load_session(prompt=prompt)
-
-        self.running = False
-        self.push_screen(PromptScreen(self.prompt, self.config), done)
-
-    def action_preset(self) -> None:
-        if self._quitting:
-            return
-
-        def done(name: str | None) -> None:
-            if name is not None and name == self.preset and self.sim is not None:
-                self._set_message(f"already on {name}")
-            elif name is not None:
-                self.load_session(preset=name)
-
-        self.running = False
-        self.push_screen(PresetScreen(self.preset), done)
-
     # ------------------------------------------------------------------ saving, quitting
     def action_save(self) -> None:
         if self._quitting or self.sim is None:
@@ -641,13 +422,6 @@ class TinyK3App(App):
         self.exit()
 
     # ------------------------------------------------------------------ drawing
-    def _sublayer_views(self) -> tuple:
-        """The current token's sublayers (Simulation.step_into reads only the Frame), cached per step."""
-        key = (self.session, self.step)
-        if self._sublayers_key != key:
-            self._sublayers_key, self._sublayers = key, tuple(self.sim.step_into(self.step))
-        return self._sublayers
-
     def view(self) -> View | None:
         if self.sim is None:
             return None

@@ -29,7 +29,7 @@ from typing import Callable
 from sim import Simulation, runfile
 from sim.interventions import check_changes
 from sim.recall_moment import find_query, still_carried
-from sim.presets import CheckpointError, has_checkpoint, sim_preset, tui_presets  # noqa: F401 - tui_presets: tests
+from sim.presets import CheckpointError, has_checkpoint, sim_preset
 
 REPO = Path(__file__).resolve().parents[1]   # the checkout (dev.py beside tui.py), when run from one
 PROGRESS_EVERY = 0.1   # seconds between progress reports: often enough for a smooth bar, rarely enough to be free

@@ -11,7 +11,7 @@ from textual.widgets import Static
 from sim import render
 from sim.interventions import describe
 
-from .panels import View, plural, quoted
+from .panel import View, plural, quoted
 
 
 class Timeline(Static):
@@ -39,6 +39,16 @@ class PanelTabs(Static):
             (f"[reverse b] {i + 1} {name.title()} [/]" if name == shown else
              f"[@click=app.show_panel('{name}')] {i + 1} {name.title()} [/]") for i, name in enumerate(panels))
             + "   [dim]tab / 1-4 switch · z zoom[/]"), layout=False)
+
+
+class TooSmall(Static):
+    """Shown instead of the panels when the terminal is under the compact layout's size."""
+
+    def show(self, size: tuple[int, int], least: tuple[int, int], full: tuple[int, int]) -> None:
+        self.update(f"Terminal too small\n\ntiny-k3 needs at least {least[0]} x {least[1]} characters "
+                    f"({full[0]} x {full[1]} shows all panels at once); this one is {size[0]} x {size[1]}.\n"
+                    "Enlarge the window or make the font smaller:\nthe simulator keeps its place and comes back "
+                    "when there is room.\n\nq quits.")
 
 
 class StatusLine(Static):
