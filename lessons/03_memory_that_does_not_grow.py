@@ -241,7 +241,8 @@ print(f"So at 1M tokens K3 still holds {format_bytes(one_m.kv)} of KV per sequen
 # from — for the twin row (lesson 5 has the K2 row and the deployments):
 
 # %%
-from sim.serving import FULL, crossover, crossover_sentence, serve, speedups  # noqa: E402
+from sim.serving import FULL, crossover, serve, speedups  # noqa: E402
+from sim.serving_text import crossover_sentence  # noqa: E402
 
 table = speedups()
 cols = ("batch 1", "batch 64", f"largest fit, {FULL}")

@@ -32,10 +32,10 @@ import numpy as np
 
 from checks import check_ep_bytes, check_mxfp4_bytes, check_release_bytes, hint  # noqa: F401  (hint: for you)
 from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
-from sim.costs import (GPU_MEMORY, K3_PRICES, SCHEMES, api_price, corrections, expected_destinations, ep_traffic,
+from sim.costs import (GPU_MEMORY, K3_PRICES, SCHEMES, api_price, expected_destinations, ep_traffic,
                        ep_traffic_for, flops_per_token, k2_parameters, serving_model, packed_bytes, weight_bytes)
-from sim.serving import (DEPLOYMENTS, FULL, crossover, crossover_sentence, grid_text, latency_and_throughput, serve,
-                         speedups, summary)
+from sim.serving import DEPLOYMENTS, FULL, crossover, serve, speedups
+from sim.serving_text import corrections, crossover_sentence, grid_text, latency_and_throughput, summary
 from sim.memory import cache_bytes, format_bytes
 from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
@@ -307,7 +307,7 @@ facts.update(serving_crossover_b1=crossover(1), serving_crossover_b64=crossover(
 # %% [markdown]
 # ## 6. The seed claims, checked
 #
-# `sim.costs.corrections()` recomputes the four corrections of k3_facts.md §0. Step through them:
+# `sim.serving_text.corrections()` recomputes the four corrections of k3_facts.md §0. Step through them:
 
 # %%
 claims = corrections()

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sim import costs, memory, serving
+from sim import costs, memory, serving, serving_text
 from tiny_k3 import K3Config, TinyK3, parameter_breakdown, parameter_counts
 from tiny_k3.config import COUNTED_ONLY
 
@@ -239,7 +239,7 @@ def test_api_price():
 
 
 def test_corrections():
-    found = costs.corrections()
+    found = serving_text.corrections()
     assert len(found) == 4
     assert all({"claim", "verdict", "figures", "sources"} <= set(c) for c in found)
     speed, size, gpus, attention = (c["figures"] for c in found)
@@ -266,7 +266,7 @@ def test_main_costs_prints_report():
     from rich.console import Console
 
     out = io.StringIO()
-    costs.main_costs(Console(file=out, width=140))
+    serving_text.main_costs(Console(file=out, width=140))
     text = out.getvalue()
     assert "1.560 TB" in text and "29.0 GB" in text and "Corrections" in text and "S34" in text
     assert "sim.serving.speedups" in text

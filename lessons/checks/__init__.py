@@ -11,6 +11,9 @@ One module per lesson (lessonN.py), shared helpers and the registry in _common.p
 `checks/lessonN.py` (its checks decorated with `@register(...)`) and one import line below; `ALL_CHECKS`,
 `EXERCISES` and `hint` pick it up.
 
+    0.1 check_causal_attention softmax attention over a sequence, causal
+    0.2 check_decode_step      one decode step with a growing KV cache
+    0.3 check_kv_cache_bytes   bytes of a plain multi-head KV cache
     1.1 check_route            top-k routing with a selection bias
     1.2 check_active_params    active parameters from the real breakdown
     1.3 check_bias_update      aux-loss-free load balancing
@@ -32,6 +35,7 @@ One module per lesson (lessonN.py), shared helpers and the registry in _common.p
 """
 
 from ._common import EXERCISES, Exercise, ExerciseError, find_exercise, hint
+from .lesson0 import check_causal_attention, check_decode_step, check_kv_cache_bytes
 from .lesson1 import check_active_params, check_bias_update, check_route
 from .lesson2 import check_kda_gate, check_kda_step, check_read_weights
 from .lesson3 import check_kda_state_bytes, check_mla_cache_bytes
@@ -42,7 +46,8 @@ from .lesson7 import check_ablated_route, check_kl, check_reset_head
 
 ALL_CHECKS = [ex.check for ex in EXERCISES.values()]     # in lesson order
 
-__all__ = ["ALL_CHECKS", "EXERCISES", "Exercise", "ExerciseError", "find_exercise", "hint", "check_route",
+__all__ = ["ALL_CHECKS", "EXERCISES", "Exercise", "ExerciseError", "find_exercise", "hint",
+           "check_causal_attention", "check_decode_step", "check_kv_cache_bytes", "check_route",
            "check_active_params", "check_bias_update", "check_kda_step", "check_kda_gate", "check_read_weights",
            "check_mla_cache_bytes", "check_kda_state_bytes", "check_depth_attention", "check_block_sources",
            "check_mxfp4_bytes",
