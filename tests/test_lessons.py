@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
 EXPECTED = ["00_attention_and_its_cache.py", "01_sixteen_of_896.py", "02_delta_rule.py",
             "03_memory_that_does_not_grow.py", "04_attention_residuals.py", "05_serving_economics.py",
-            "06_walk_one_token.py", "07_change_it_and_see.py"]
+            "06_walk_one_token.py", "07_change_it_and_see.py", "08_train_it_yourself.py"]
 BY_NUMBER = {int(name[:2]): name for name in EXPECTED}     # lesson 0 … 8 by the number its file starts with
 FAST_ENV = {"TINY_K3_LESSON_FAST": "1"}   # lesson 8 trains for a few seconds instead of two minutes (its own cell
                                           # says which budget it ran and what the recorded full run shows)
@@ -453,6 +453,46 @@ def test_lesson7_facts(executed):
     assert hybrid[0] - hybrid[-1] < 0.05 and f["forget_window"]["small (hybrid)"] is None, f
     if twin is not None:
         assert twin[0] - twin[-1] > 1.0 and f["forget_window"]["small-twin (all MLA)"] is not None, f
+
+
+def _reading(after: dict, chance: float = 0.1) -> dict:
+    """Lesson 8's `reading`, restated: above chance where the whole interval is; ahead where intervals part."""
+    above = {name: [p["pairs"] for p in points if p["interval"][0] > chance] for name, points in after.items()}
+    (a, pa), (b, pb) = after.items()
+    ahead = {a: [x["pairs"] for x, y in zip(pa, pb) if x["interval"][0] > y["interval"][1]],
+             b: [y["pairs"] for x, y in zip(pa, pb) if y["interval"][0] > x["interval"][1]]}
+    return {"above_chance_at": above, "ahead_at": ahead}
+
+
+def _intervals_are_wilson(curves: dict, after: dict) -> None:
+    from tiny_k3.recall import wilson_interval
+
+    for name, c in curves.items():
+        assert c["step"] == sorted(c["step"]) and len(c["hits"]) == len(c["step"]) == len(c["interval"]), name
+        for hits, interval in zip(c["hits"], c["interval"]):
+            assert tuple(interval) == wilson_interval(hits, c["n"]) and interval[0] <= hits / c["n"] <= interval[1]
+    for name, points in after.items():
+        for p in points:   # "50 lines per point, so the number of answers grows with the pairs"
+            assert p["n"] == 50 * p["pairs"] and tuple(p["interval"]) == wilson_interval(p["hits"], p["n"]), (name, p)
+
+
+def test_lesson8_facts(executed):
+    f = _facts(executed, "08_train_it_yourself.py")
+    assert f["fast"] is True and f["steps"] < f["recipe_steps"], "the suite runs lesson 8's short budget"
+    # section 1's prose: two stages, at most 16 then 64 characters of filler, 1-4 pairs, rows of 64, 16 a step
+    assert [(s["max_filler"], s["max_pairs"], s["seq_len"], s["batch"], s["recall_share"]) for s in f["stages"]] \
+        == [(16, 4, 64, 16, 1.0), (64, 4, 64, 16, 1.0)], f["stages"]
+    assert f["probe_answers"] == 96 and 0 < f["answer_bytes_share"] < 0.5, f
+    _intervals_are_wilson(f["curves"], f["after"])
+    assert all(c["step"][-1] == f["steps"] for c in f["curves"].values())
+    assert f["verdict"] == _reading(f["after"]), (f["verdict"], f["after"])
+    # section 6: the recorded full run is of this recipe, and what the lesson says of it is its intervals' reading
+    record = json.loads((LESSONS / "08_train_it_yourself.full_run.json").read_text())
+    assert f["recorded_same_recipe"] is True and record["steps"] == f["recipe_steps"] == f["recorded_steps"]
+    _intervals_are_wilson(record["curves"], record["after"])
+    assert f["recorded_verdict"] == _reading(record["after"]), f["recorded_verdict"]
+    # "about two minutes of CPU" for the two models together
+    assert 60 <= sum(record["cpu_seconds"].values()) <= 240, record["cpu_seconds"]
 
 
 def test_figures_are_readable_on_a_projector():
