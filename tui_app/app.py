@@ -32,7 +32,6 @@ from sim import render
 from sim.interventions import describe
 from sim.memory import format_bytes
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
-from tiny_k3.tokenizer import token_text
 from tiny_k3.weights import config_for
 
 from .commands import K3Commands, K3Palette
@@ -787,8 +786,8 @@ class TinyK3App(App):
             self._timeline.update(timeline_text(frames, self.sim.prompt_len, view.step, self.driver.visited,
                                                 max(self.size.width - 4, 20)), layout=False)
             f = view.frame
-            tops = "  ".join(f"{quoted(token_text(i))} {p:.3f}" for i, p in zip(f.top_ids.tolist(),
-                                                                                  f.top_probs.tolist()))
+            label = self.sim.tokenizer.token_text          # a real run's labels are its BPE's (sim.real)
+            tops = "  ".join(f"{quoted(label(i))} {p:.3f}" for i, p in zip(f.top_ids.tolist(), f.top_probs.tolist()))
             prompt = " (prompt)" if view.step < self.sim.prompt_len - 1 else ""
             self._timeline.border_subtitle = (f"step {view.step} · position {f.position} · input "
                                               f"{quoted(f.input_text)} → {quoted(f.token_text)}{prompt} · next: {tops}")
