@@ -130,12 +130,12 @@ def read_weight_map(index: Path) -> dict[str, str]:
 
 def truncated(config: K3Config, layers: int | None) -> K3Config:
     """`config` cut to its first `layers` layers (None: all of it). The schedule must still end on an MLA layer,
-    so the allowed counts are the MLA layers' positions + 1 (4, 8, ..., 92 for K3)."""
+    so the allowed counts are the MLA layers' positions + 1 (4, 8, ..., 88, 92, 93 for K3)."""
     if layers is None or layers == config.num_layers:
         return config
     allowed = [i + 1 for i in config.mla_layers]
     if layers not in allowed:
-        shown = ", ".join(map(str, allowed)) if len(allowed) <= 6 else f"{allowed[0]}, {allowed[1]}, ..., {allowed[-1]}"
+        shown = ", ".join(map(str, allowed if len(allowed) <= 6 else allowed[:2] + ["..."] + allowed[-2:]))
         raise ValueError(f"--layers {layers}: a truncated model keeps K3's schedule, which ends on an MLA layer; "
                          f"allowed: {shown}.")
     return config.replace(name=f"{config.name}-first-{layers}", num_layers=layers,

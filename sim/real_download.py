@@ -78,11 +78,12 @@ def shard_sizes(weight_map: dict[str, str], config_json: dict) -> dict[str, int]
     return sizes
 
 
-def download(folder, layers: str, repo: str = DEFAULT_REPO, fetch: Fetch = hf_fetch, say=print) -> list[int]:
+def download(folder, layers: str, repo: str = DEFAULT_REPO, fetch: Fetch | None = None, say=print) -> list[int]:
     """Fetch into `folder` the config, index and tokenizer files of `repo` and the shards `layers` need; a
     clear error before any shard when the disk cannot hold them. -> the layers, sorted."""
     import json
 
+    fetch = fetch or hf_fetch                 # looked up here, so a test can stand in for the network
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config_path = fetch(repo, "config.json", folder)

@@ -24,16 +24,17 @@ PROMPT = "a=3;"
 STEPS = 3
 
 
-def synthetic_config(vocab_size: int = 300) -> K3Config:
+def synthetic_config(vocab_size: int = 300, num_layers: int = 4) -> K3Config:
     base = K3Config.preset("tiny", moe_intermediate=32, latent_dim=32, shared_intermediate=32, num_experts=56,
-                           top_k=4, vocab_size=vocab_size)   # expert widths a multiple of MXFP4's group of 32
+                           top_k=4, vocab_size=vocab_size,   # expert widths a multiple of MXFP4's group of 32
+                           num_layers=num_layers, layer_kinds=("kda", "kda", "kda", "mla") * (num_layers // 4))
     return K3Config.from_released(config_json_for(base))      # exactly what the stream will read back
 
 
-def synthetic_release(folder, vocab_size: int = 300, seed: int = 3):
+def synthetic_release(folder, vocab_size: int = 300, seed: int = 3, num_layers: int = 4):
     """(config, model, folder): a TinyK3 with every weight off its init and MXFP4-rounded experts, written to
     `folder` in the released layout (also used by tests/test_real_*.py)."""
-    config = synthetic_config(vocab_size)
+    config = synthetic_config(vocab_size, num_layers)
     torch.manual_seed(seed)
     model = TinyK3(config).eval()
     with torch.no_grad():
