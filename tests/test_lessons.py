@@ -506,3 +506,74 @@ def test_heatmap_hatches_empty_cells_and_only_when_there_are_some():
     assert patch.get_zorder() < holes.images[0].get_zorder(), "the hatch lies behind the map: only NaN shows it"
     assert "hatched: none" in fig.axes[-1].get_ylabel()                    # the colourbar names the hatch
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- the instructor's timetable
+
+
+def _minutes(clock: str) -> int:
+    hours, minutes = clock.split(":")
+    return 60 * int(hours) + int(minutes)
+
+
+def _timetable() -> tuple[list[list[str]], str]:
+    text = (LESSONS / "INSTRUCTOR.md").read_text()
+    section = text[text.index("## 3. Timetable"):text.index("## 4. ")]
+    table = section[section.index("| time |"):].split("\n\n")[0]          # the first table, up to a blank line
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()[2:]]
+    return rows, section
+
+
+def test_the_timetable_adds_up_and_uses_the_checks_minutes():
+    """Every block is talk + exercises, with the registry's minutes; the rows follow each other; the total is the sum;
+    a lesson row names exactly that lesson's exercises; every lesson file has a sized row, and a row reserved for a
+    lesson still being written turns into a failure the day its file lands."""
+    sys.path.insert(0, str(LESSONS))
+    from checks._common import EXERCISES
+
+    rows, section = _timetable()
+    *body, total = rows
+    clock, talk_sum, exercise_sum, lessons_sized = 0, 0, 0, set()
+    for time_cell, block, talk, exercises, _project in body:
+        number = re.match(r"lesson (\d+)", block)
+        if time_cell == "RESERVED":
+            assert number, f"a reserved row names its lesson: {block!r}"
+            present = sorted(LESSONS.glob(f"0{number.group(1)}_*.py"))
+            assert not present, (f"lessons/{present[0].name} exists: size its timetable row in INSTRUCTOR.md "
+                                 "(talk minutes + its exercises' minutes from lessons/checks)")
+            continue
+        begin, end = (_minutes(t) for t in time_cell.split("–"))
+        assert begin == clock, f"the row {time_cell} should start at {clock // 60}:{clock % 60:02d}"
+        named = re.findall(r"(\d+\.\d+) ★+ \((\d+)\)", exercises)
+        counted = exercises.split(";")[0]                                   # after ';': for early finishers
+        required = re.findall(r"(\d+\.\d+) ★+ \((\d+)\)", counted)
+        for ex, minutes in named:
+            assert int(minutes) == EXERCISES[ex].minutes, f"exercise {ex}: {minutes} min here, {EXERCISES[ex].minutes} in its check"
+            assert f"{ex} {'★' * EXERCISES[ex].difficulty} (" in exercises, f"exercise {ex}: its difficulty is {EXERCISES[ex].stars}"
+        stated = re.search(r"= (\d+)", counted)
+        ex_minutes = sum(int(m) for _, m in required)
+        assert (int(stated.group(1)) if stated else 0) == ex_minutes, f"{block}: the exercises add up to {ex_minutes}"
+        assert end - begin == int(talk) + ex_minutes, f"{block}: {end - begin} min for {talk} talk + {ex_minutes} exercises"
+        if number:
+            lesson = int(number.group(1))
+            assert sorted(ex for ex, _ in named) == sorted(k for k in EXERCISES if k.split(".")[0] == str(lesson)), block
+            lessons_sized.add(lesson)
+        clock, talk_sum, exercise_sum = end, talk_sum + int(talk), exercise_sum + ex_minutes
+    assert total[0] == "total" and _minutes(total[1]) == clock == talk_sum + exercise_sum, total
+    assert (int(total[2]), int(total[3])) == (talk_sum, exercise_sum), total
+    files = {int(p.name[:2]) for p in LESSONS.glob("0[0-9]_*.py")}
+    assert files <= lessons_sized, f"lessons without a timetable row: {sorted(files - lessons_sized)}"
+    short = re.search(r"lessons ([\d, and]+) are (\d+:\d\d) \(([\d + ]+) minutes\)", section)
+    parts = [int(v) for v in short.group(3).split("+")]
+    by_block = {b: _minutes(t.split("–")[1]) - _minutes(t.split("–")[0]) for t, b, *_ in body if t != "RESERVED"}
+    wanted = [by_block[next(b for b in by_block if b.startswith("welcome"))]] + [
+        by_block[next(b for b in by_block if b.startswith(f"lesson {n} "))] for n in re.findall(r"\d+", short.group(1))]
+    assert parts == wanted and sum(parts) == _minutes(short.group(2)), (short.group(0), wanted)
+
+
+def test_the_windows_commands_open_every_lesson():
+    text = (LESSONS / "INSTRUCTOR.md").read_text()
+    windows = text[text.index("Windows (PowerShell or cmd"):text.index("## 3. Timetable")]
+    if "for %f in (lessons\\0*.py)" not in windows:                     # else every lesson must be named
+        missing = [p.name for p in LESSONS.glob("0[0-9]_*.py") if p.name not in windows]
+        assert not missing, f"the Windows command leaves out {missing}"
