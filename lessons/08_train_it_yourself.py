@@ -36,7 +36,6 @@
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import torch
