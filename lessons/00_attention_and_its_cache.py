@@ -21,7 +21,8 @@
 #
 # $$\mathrm{out}_t = \sum_{s \le t} p_{t,s}\, v_s, \qquad p_{t,\cdot} = \mathrm{softmax}_s\!\left(\frac{q_t \cdot k_s}{\sqrt{D}}\right)$$
 #
-# (Vaswani et al. 2017, §3.2.1). To generate token t+1 the model needs the keys and values of *every* token
+# (scaled dot-product attention: Vaswani et al. 2017; mla.md §1 has it in K3's form). To generate token t+1
+# the model needs the keys and values of *every* token
 # so far, so it keeps them: the **KV cache**, one more row per token, in every head of every layer. Lesson 2
 # replaces most of those layers by a fixed-size state; lesson 3 shrinks the rest to a latent and counts what
 # is saved. This lesson builds the thing they are compared with.

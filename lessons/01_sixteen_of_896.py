@@ -369,7 +369,7 @@ plt.tight_layout(); plt.show()
 #
 # Write the function, then run the cell: the check tests it on random inputs against the project's own
 # implementation and tells you what is off. Stuck? `hint("1.1")` names the idea, `hint("1.1", 2)` the
-# formula. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
+# shape of the computation, `hint("1.1", 3)` the code. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
 # solutions from `lessons/solutions/`.)
 #
 # ### Exercise 1.1 — route a batch of tokens (★☆☆, about 10 min)

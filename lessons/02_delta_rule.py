@@ -435,7 +435,7 @@ print(f"\n{facts['lines_right']} of {len(rows)} answers right; head L{common[0]}
 # ### Exercise 2.1 — one KDA step (★★★, about 15 min)
 # One token, one head: decay each key row by its own exp(g_d), write the delta-rule correction, read
 # the output from the updated state. (This is the inner loop of `kda_recurrent`, without the batch
-# and head dimensions.) Stuck? `hint("2.1")` names the idea, `hint("2.1", 2)` gives the formula.
+# and head dimensions.) Stuck? `hint("2.1")` names the idea, `hint("2.1", 2)` the shape of the computation, `hint("2.1", 3)` the code.
 
 # %% tags=["exercise"]
 @exercise("kda_step")
@@ -467,7 +467,7 @@ try_exercise(check_kda_gate, my_kda_gate)
 # Section 6 compared the read at the query with every past write u_d. Here is why that comparison makes sense:
 # unroll S_t = Diag(exp g_t) S_{t−1} + k_t u_tᵀ from S = 0, and the read S_tᵀ q is a weighted sum of the
 # writes, Σ_d a_d u_d — KDA's read is attention over its own past writes. Find the weights a_d for one head.
-# (`hint("2.3")`, `hint("2.3", 2)`.)
+# (`hint("2.3")`, then `hint("2.3", 2)` and `hint("2.3", 3)`.)
 
 # %% tags=["exercise"]
 @exercise("read_weights")

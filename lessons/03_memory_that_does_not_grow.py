@@ -553,7 +553,7 @@ try_exercise(check_mla_cache_bytes, my_mla_cache_bytes)
 # %% [markdown]
 # ### Exercise 3.2 — the fixed KDA state (★★☆, about 10 min)
 # What every KDA layer keeps, however long the context: the state S, and the short convolution's tail
-# (lesson 2, section 4). (`hint("3.2")`, `hint("3.2", 2)` if you are stuck.)
+# (lesson 2, section 4). (`hint("3.2")`, then `hint("3.2", 2)` and `hint("3.2", 3)` if you are stuck.)
 
 # %% tags=["exercise"]
 @exercise("kda_state_bytes")

@@ -274,7 +274,7 @@ print(f"prefill: the block representations take N·T·d = 8 × {prefill_tokens:,
 #
 # ### Exercise 4.1 — one depth-attention read (★★☆, about 12 min)
 # For one token: RMS-normalise the keys (with the gain), dot them with the query, softmax over the
-# sources, mix the **raw** sources. (`hint("4.1")`, `hint("4.1", 2)` if you are stuck.)
+# sources, mix the **raw** sources. (`hint("4.1")`, then `hint("4.1", 2)` and `hint("4.1", 3)` if you are stuck.)
 
 # %% tags=["exercise"]
 @exercise("depth_attention")

@@ -44,6 +44,7 @@ def _run(path: Path, solutions: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TINY_K3_SOLUTIONS", "MPLBACKEND")}
     env.setdefault("OMP_NUM_THREADS", "1")               # the lessons' own setting in a kernel (TINY_K3_THREADS=1)
     env["PYTHONWARNINGS"] = "default"                    # every warning reaches stderr, once
+    env["TINY_K3_LESSON_FAST"] = "1"                     # lesson 8 trains 48 steps, not its two-minute run
     if solutions:
         env["TINY_K3_SOLUTIONS"] = "1"
     return subprocess.run([sys.executable, str(path.relative_to(ROOT))], cwd=ROOT, env=env, capture_output=True,

@@ -67,8 +67,8 @@ def check_causal_attention(fn) -> None:
                                                         "(score −∞ before the softmax)."),
             (reference_attention(q, k, v, scale=1.0), "You left out the scale: divide the scores by √D. Without "
                                                       "it the dot products grow with D and the softmax saturates."),
-            (reference_attention(q, k, v, scale=1.0 / D), "You divided by D; the scale is 1/√D (Vaswani et al. "
-                                                          "2017, §3.2.1): it keeps the scores' variance near 1."),
+            (reference_attention(q, k, v, scale=1.0 / D), "You divided by D; the scale is 1/√D (scaled dot-product "
+                                                          "attention, mla.md §1): it keeps the scores' variance near 1."),
             (reference_attention(q, k, v, mask="future"), "Your mask is the wrong way round: token t read keys "
                                                           "t … T−1. Causal means keys 0 … t, the past and itself."),
         ]
