@@ -22,6 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tiny_k3.config import ConfigError, K3Config  # noqa: E402
 from tiny_k3.moe import GatedMLP, LatentMoE  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 # --clock cpu: process CPU time instead of wall time, for a machine that other work keeps busy (a preempted
 # process loses wall time but not CPU time). With several threads CPU time adds the threads up: use wall there.
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["small", "mini-896/16"],
                         help="K3Config presets to time (default: the two of issue 15's table)")
     args = parser.parse_args()
+    print(provenance_line())
     try:
         configs = {preset: K3Config.preset(preset) for preset in args.presets}
     except ConfigError as error:

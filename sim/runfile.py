@@ -42,7 +42,7 @@ from tiny_k3.config import K3Config
 from tiny_k3.tokenizer import BYTES, StoredTokenizer, token_text
 from tiny_k3.weights import weights_path
 
-from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord
+from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord, depth_source_names
 from .session import Simulation
 
 FORMAT = "tiny-k3 run"
@@ -140,6 +140,7 @@ def save(sim: Simulation, path, cursor: int | None = None) -> Path:
 
 def _frames(meta: dict, a: dict[str, np.ndarray]) -> list[Frame]:
     reads, offsets = meta["depth_reads"], np.cumsum([0] + [n for _, _, n in meta["depth_reads"]])
+    names = depth_source_names(meta["config"]["residual"], meta["config"]["attnres_block_size"], len(reads))
     frames = []
     for i in range(meta["frames"]):
         def col(name, i=i):
@@ -164,7 +165,7 @@ def _frames(meta: dict, a: dict[str, np.ndarray]) -> list[Frame]:
             top_probs=col("top.probs"), routing=routing, kda=kda, depth=depth, sublayers=subs, memory=memory,
             step_ms=float(col("frame.step_ms")), twin_step_ms=float(col("frame.twin_step_ms")), forced=forced,
             embed_norm=float(col("frame.embed_norm")), prompt=bool(col("extra.prompt")),
-            temperature=None if forced else t, seed=None if forced else s))
+            temperature=None if forced else t, seed=None if forced else s, depth_sources=names))
     return frames
 
 

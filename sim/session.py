@@ -36,8 +36,9 @@ from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import BYTES, EOS
 from tiny_k3.weights import config_for
 
-from .frame import Choice, Frame, MemoryRecord, SublayerView
+from .frame import Choice, Frame, MemoryRecord, SublayerView, depth_source_names
 from .memory import non_negative_int
+from .prompt import prompt_ids
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
 from .recorder import FrameRecorder
 
@@ -158,14 +159,7 @@ class Simulation:
         self.temperature = _temperature(temperature)
         if weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("the prompt is empty; give at least one character to start from.")
-        ids = self.tokenizer.encode(prompt)
-        limit = self.config.max_seq_len
-        if len(ids) >= limit:
-            raise ValueError(f"the prompt is {len(ids)} tokens (BOS + {len(ids) - 1} bytes) but preset "
-                             f"{self.config.name!r} allows {limit} tokens in all, so use at most {limit - 2} "
-                             f"bytes of prompt to leave room to generate.")
+        ids = prompt_ids(prompt, self.config, self.tokenizer)
         self.device = resolve_device(device)
         self.prompt = prompt
         self.model, self.weights, self.twin_model, self.twin_weights = self._build_models(weights, twin)
@@ -432,7 +426,8 @@ class Simulation:
             token_id=chosen, token_text=self.tokenizer.token_text(chosen), top_ids=top_ids, top_probs=top_probs,
             routing=rec.routing, kda=rec.kda, depth=rec.depth, sublayers=rec.sublayers,
             memory=self._memory(cache, twin_cache, position + 1), step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms,
-            embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice))
+            embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice),
+            depth_sources=depth_source_names(self.config.residual, self.config.attnres_block_size, len(rec.depth)))
         return frame, logits, cache, twin_cache
 
     @staticmethod
