@@ -360,6 +360,29 @@ def check_ram(checkpoint: Checkpoint, keep: bool) -> None:
                           f"{cfg.top_k} decoded experts in {dtype}), and {have / 2**30:.1f} GiB is available.")
 
 
+def frame_file_bytes(config: K3Config) -> int:
+    """Bytes one frame takes in a run file (sim.runfile's arrays), from the config: per KDA layer the float16
+    state [H, K, V], the decay [H, K] and three [H] vectors; per MoE layer the scores and bias [E] and the k ids
+    and weights; a little more for the depth reads, sublayers, memory and top-5 (a lower bound within 1%)."""
+    H, K, E, k = config.kda_heads, config.kda_head_dim, config.num_experts, config.top_k
+    kda = len(config.kda_layers) * (H * K * K * 2 + H * K * 4 + 3 * H * 4)
+    routing = len(config.moe_layers) * (2 * E * 4 + k * (8 + 4))
+    return kda + routing
+
+
+def check_save_disk(config: K3Config, frames: int, path) -> None:
+    """A clear error before the first token when the disk under `path` cannot hold a run file of `frames`."""
+    import shutil
+
+    folder = Path(path).resolve().parent
+    need = frames * frame_file_bytes(config)
+    free = shutil.disk_usage(folder if folder.is_dir() else Path.cwd()).free
+    if need > free:
+        raise OSError(f"--save {path}: {frames} frames of this model take about {need / 1e9:.1f} GB "
+                      f"({frame_file_bytes(config) / 1e6:.0f} MB a frame, mostly KDA states), and {folder} has "
+                      f"{free / 1e9:.1f} GB free; save fewer tokens or elsewhere.")
+
+
 def available_ram() -> int:
     """Free RAM here (the OS's MemAvailable): what the streamed weights are read into."""
     from .measure.measurement import available_bytes
@@ -413,6 +436,9 @@ def main_real(argv: list[str], console) -> int:
             layers = download(args.dir, args.download, args.repo, say=console.print)
             args.layers = args.layers or layers[-1] + 1
         checkpoint = Checkpoint(args.dir, layers=args.layers)   # (the errors about the folder come before any token)
+        if args.save:
+            prompt_tokens = len(choose_tokenizer(checkpoint.folder, args.tokenizer).encode(args.prompt))
+            check_save_disk(checkpoint.config, prompt_tokens + args.tokens, args.save)
         sim = _stream(checkpoint, args, console)
         if args.save:
             from .runfile import save

@@ -147,3 +147,25 @@ def test_no_gpu_for_device_cuda_is_one_line_before_any_work(release8, tmp_path):
     assert main(["real", str(tmp_path / "nowhere"), "--device", "cuda"], console) == 2
     out = console.export_text()
     assert "device 'cuda' was asked for but no CUDA GPU is available" in out and "not a folder" not in out
+
+
+def test_a_run_file_the_disk_cannot_hold_is_said_before_the_first_token(release8, tmp_path, monkeypatch):
+    import sim.real as real_module
+    from rich.console import Console
+
+    from sim import runfile
+    config, _, folder = release8
+    sim = RealSimulation(folder, "ab")
+    path = runfile.save(sim, tmp_path / "one.npz")
+    stored = sum(a.nbytes for a in runfile.read(path).arrays.values()) / len(sim.frames)
+    assert real_module.frame_file_bytes(config) <= stored <= 1.5 * real_module.frame_file_bytes(config)
+    k3 = real_module.frame_file_bytes(K3Config.preset("k3"))
+    assert 69 * 96 * 128 * 128 * 2 < k3 < 1.05 * 69 * 96 * 128 * 128 * 2    # a real K3 frame: mostly its KDA states
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(10**6, 0, 1000))
+    calls = []
+    monkeypatch.setattr(real_module, "RealSimulation", lambda *a, **k: calls.append(1))
+    console = Console(record=True, width=200)
+    assert main(["real", str(folder), "--save", str(tmp_path / "big.npz"), "--tokens", "3"], console) == 2
+    out = console.export_text()
+    assert "--save" in out and "GB free" in out and not calls
