@@ -31,6 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from op_floor import record_ops, replay_floor  # noqa: E402
 from tiny_k3.kda import kda_chunked, kda_gate, kda_recurrent  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 H, K, V, LOWER_BOUND = 4, 64, 64, -5.0
 
@@ -126,6 +127,7 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
     args = parser.parse_args()
+    print(provenance_line())
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     fla = fla_naive_recurrent()

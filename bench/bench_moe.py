@@ -25,6 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from tiny_k3.config import ConfigError, K3Config  # noqa: E402
 from tiny_k3.moe import GatedMLP, LatentMoE  # noqa: E402
 from tiny_k3.moe_fast import STAGES  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 # --clock cpu: process CPU time instead of wall time, for a machine that other work keeps busy (a preempted
 # process loses wall time but not CPU time). With several threads CPU time adds the threads up: use wall there.
@@ -96,6 +97,7 @@ def main() -> None:
     if any("=" not in item for item in args.force):
         parser.error(f"--force takes STAGE=PATH items, got {' '.join(args.force)!r}.")
     forced = dict(item.partition("=")[::2] for item in args.force)
+    print(provenance_line())
     try:
         configs = {preset: K3Config.preset(preset) for preset in args.presets}
     except ConfigError as error:

@@ -38,6 +38,7 @@ from tiny_k3.capacity import KEY_KINDS, decay_row, format_cliff, pair_counts, re
 from tiny_k3.recall import (edited_recall_hits, hide_definitions_from_mla, make_probes, recall_hits,  # noqa: E402
                             reset_kda_states, wilson_interval)
 from tiny_k3.tokenizer import encode  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 MODELS = ("small", "small-twin", "small-kda")
 PAIRS = (1, 2, 4, 8, 16, 26)
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=PATH",
                         help="measure this checkpoint file in place of a shipped model (e.g. an experiment in runs/)")
     args = parser.parse_args(argv)
+    print(provenance_line())
     sections = args.sections.split(",")
     if set(sections) - set(SECTIONS):
         parser.error(f"--sections must be a comma list from {', '.join(SECTIONS)}, got {args.sections!r}.")

@@ -34,6 +34,7 @@ from sim import session  # noqa: E402
 from sim.session import RECENT_SNAPSHOTS, SNAPSHOT_EVERY  # noqa: E402
 from tiny_k3.cache import ModelCache  # noqa: E402
 from tiny_k3.config import DEFAULT_PROMPT as PROMPT  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 # --clock cpu: process CPU time instead of wall time, for a machine that other work keeps busy (a preempted
 # process loses wall time but not CPU time). With several threads CPU time adds the threads up: use wall there.
@@ -198,6 +199,7 @@ def main() -> None:
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
     parser.add_argument("--memory-only", action="store_true", help="only the bytes per recorded token (section 2)")
     args = parser.parse_args()
+    print(provenance_line())
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)

@@ -32,6 +32,7 @@ from tiny_k3.corpus import CLASSES, token_class  # noqa: E402
 from tiny_k3.recall import make_probes, recall_accuracy  # noqa: E402
 from tiny_k3.probe import Recorder  # noqa: E402
 from tiny_k3.train import EVAL_SEED, corpus_rows, evaluate, train  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 KEPT_CLASSES = [CLASSES.index(c) for c in ("digit", "operator", "letter", "bracket", "space")]
 
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("--runs", default="bench/results", help="folder with logs/*.log or *.log of full-schedule runs")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    print(provenance_line())
     torch.set_num_threads(args.threads)
 
     shipped = {name: TinyK3.from_pretrained(name).eval() for name in ("small", "small-twin", "small-kda")}

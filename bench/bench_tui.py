@@ -29,6 +29,7 @@ from rich.console import Console
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tui import TinyK3App  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 SIZE = (160, 48)
 
@@ -143,6 +144,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--prompt-bytes", type=int, default=2000, help="the long prompt's size (0: skip it)")
     args = parser.parse_args()
+    print(provenance_line())
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"TUI latency, headless Pilot at {SIZE[0]}x{SIZE[1]}, torch threads {args.threads}, {os.cpu_count()} CPUs, "

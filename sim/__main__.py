@@ -21,7 +21,7 @@ from rich.table import Table
 
 from tiny_k3.config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 
-from .costs import main_costs
+from .serving_text import main_costs
 from .memory import cache_bytes, format_bytes
 from .render import memory_bars
 from .session import WEIGHTS, Simulation

@@ -14,12 +14,9 @@ from functools import lru_cache
 from typing import Callable
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
-
 from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
-from .memory import MIB_CONTEXT, cache_bytes, format_bytes, kv_bytes_per_token, project_to_k3, state_bytes_fixed
+from .memory import MIB_CONTEXT, cache_bytes, kv_bytes_per_token, state_bytes_fixed
 
 # ---------------------------------------------------------------------------- formats (k3_facts.md §4)
 
@@ -391,125 +388,7 @@ KIMI_LINEAR = K3Config.preset("kimi-linear-48b")
 KIMI_LINEAR_TPOT_MS = {"full-MLA": 11.48, "Kimi Linear": 1.84}  # at 1M context (S16, S34)
 
 
-def corrections() -> list[dict]:
-    """The four corrections of k3_facts.md §0, each with its claim, the figures that settle it and sources.
-    The speed-up figures are `sim.serving.speedups()`'s (the one place they are computed)."""
-    from .serving import FULL, speedups
-
-    k3 = K3Config.preset("k3")
-    t = speedups()
-    big = f"largest fit, {FULL}"
-    k2_experts, k2_rest = k2_parameters()
-    total = total_parameters(k3)
-    eight = {name: 8 * mem for name, mem in GPU_MEMORY.items()}
-    release = weight_bytes(k3, "k3-release")
-    return [
-        {
-            "claim": '6.3x faster decoding at 1M, read as K3 against K2 (no source says K2)',
-            "verdict": "6.3x is Kimi Linear vs a full-MLA baseline at 1M (TPOT 11.48 -> 1.84 ms), not K3 against K2. On the "
-                       f"roofline (sim.serving) K3 is slower than K2 at batch 1 and at most {t.closest['K3 against K2'].value:.2f}x "
-                       f"K2's tokens/s per GPU (1M, the largest batch {FULL} holds); over its all-MLA twin at most "
-                       f"{t.closest['K3 against twin'].value:.2f}x, under the same-weights bound {t.bound.value:.2f}x.",
-            "figures": {
-                "Kimi Linear reported speedup": t.kimi_linear.value,
-                "Kimi Linear roofline vs its all-MLA twin, B=1, 1M": t.kimi_linear_model.value,
-                "Kimi Linear KV-only limit": t.kimi_linear_bound.value,
-                "bound: same weights, KV only, L/L_full": t.bound.value,
-                "bound at 1M (B -> inf)": t.kv_only[MIB_CONTEXT],
-                "K3 against twin, B=1, 1M": t.speedup("K3 against twin", "1M", "batch 1"),
-                f"K3 against twin, {big}, 1M": t.speedup("K3 against twin", "1M", big),
-                "K3 against K2, B=1, 1M (K3 slower)": t.speedup("K3 against K2", "1M", "batch 1"),
-                f"K3 against K2, {big}, 1M": t.speedup("K3 against K2", "1M", big),
-            },
-            "sources": ["S14", "S16", "S34"],
-        },
-        {
-            "claim": 'MXFP4 weights "~1.4 TB (or ~594 GB)"',
-            "verdict": "1.4 TB is the naive 2.8T x 4 bit; the release (MXFP4 experts, BF16 rest) is 1.56 TB. "
-                       "594 GB is K2-Thinking's INT4 checkpoint (or K3's 1-bit GGUF), not K3's MXFP4 release.",
-            "figures": {
-                "naive 2.8e12 x 4 bit (B)": 2.8e12 * 4 / 8,
-                "everything MXFP4, 4.25 bit (B)": weight_bytes(k3, "mxfp4"),
-                "K3 release: MXFP4 experts + BF16 rest (B)": release,
-                "K2-Thinking INT4 experts + BF16 rest (B)": packed_bytes(k2_experts, "int4") + packed_bytes(k2_rest, "bf16"),
-                "594 GB on K3 params (bit/param)": 594e9 * 8 / total,
-            },
-            "sources": ["S7", "S13", "S15", "S35"],
-        },
-        {
-            "claim": '"64+ accelerators / 8xH100 INT4 256K"',
-            "verdict": '"64+" is Moonshot\'s recommendation; "8 GPUs, INT4, 256K" is the K2-Thinking guide (H200). '
-                       "8xH100 (and 8xH200) cannot hold K3's 1.56 TB; the smallest recipes are 8xB300, 8xMI350X/MI355X, "
-                       "16xH200, 16xB200, 32xH100.",
-            "figures": {
-                "K3 release weights (B)": release,
-                **{f"8x{name} memory (B)": mem for name, mem in eight.items()},
-                **{f"{name} GPUs needed (10% overhead)": gpus_needed(k3, mem) for name, mem in GPU_MEMORY.items()},
-            },
-            "sources": ["S5", "S11", "S13", "S20"],
-        },
-        {
-            "claim": '"attention type on full layers (MLA?)"',
-            "verdict": "Yes: gated MLA with NoPE (mla_use_nope, mla_use_output_gate) on 24 of 93 layers.",
-            "figures": {
-                "MLA layers": len(k3.mla_layers),
-                "KDA layers": len(k3.kda_layers),
-                "MLA layers (1-based)": [i + 1 for i in k3.mla_layers],
-                "cached values per MLA token (kv_lora + rope)": k3.mla_cache_width,
-            },
-            "sources": ["S1"],
-        },
-    ]
-
-
 def kimi_linear_kv_only_limit(context: int = MIB_CONTEXT) -> float:
     """Kimi Linear's twin/hybrid cache traffic per sequence at `context` (§5b: 3.8x)."""
     twin = kv_bytes_per_token(KIMI_LINEAR.twin()) * context
     return twin / (kv_bytes_per_token(KIMI_LINEAR) * context + 2 * state_bytes_fixed(KIMI_LINEAR).total)
-
-
-# ---------------------------------------------------------------------------- report
-
-
-def main_costs(console=None) -> None:
-    """Print K3's serving figures and the §0 corrections (`python -m sim costs`)."""
-    console = console or Console()
-    k3 = K3Config.preset("k3")
-    total, active = parameter_counts(k3)
-    console.rule("[bold]Kimi K3 serving figures[/] (k3_facts.md; decimal units)")
-    console.print(f"parameters: total {total / 1e12:.4f}T, active per token {active / 1e9:.1f}B "
-                  f"({total / active:.0f}x fewer touched than stored)")
-
-    t = Table(title="weights by storage scheme")
-    t.add_column("scheme"), t.add_column("bytes", justify="right"), t.add_column("8xH100 / 8xH200 / 8xB300 hold it?")
-    for scheme in SCHEMES:
-        n = weight_bytes(k3, scheme)
-        t.add_row(scheme, format_bytes(n, 3), " / ".join("yes" if 8 * m >= n else "no" for m in GPU_MEMORY.values()))
-    console.print(t)
-
-    t = Table(title="decode cache per sequence")
-    for col in ("context", "K3 KV", "+ KDA state", "all-MLA twin", "plain MHA"):
-        t.add_column(col, justify="right")
-    for tokens in (1, 131072, 262144, MIB_CONTEXT):
-        p = project_to_k3(tokens)
-        t.add_row(f"{tokens:,}", format_bytes(p.kv), format_bytes(p.state), format_bytes(p.twin), format_bytes(p.mha))
-    console.print(t)
-
-    from .serving import print_table
-
-    print_table(console)
-
-    gpus = ", ".join(f"{name} {gpus_needed(k3, mem)}" for name, mem in GPU_MEMORY.items())
-    console.print(f"GPUs to hold the release weights (10% overhead): {gpus}")
-    ep = ep_traffic_for(k3, 64)
-    console.print(f"EP64 all-to-all per token: {format_bytes(ep.per_token)} over {ep.moe_layers} MoE layers, "
-                  f"{ep.destinations:.1f} distinct GPUs per token per layer")
-    console.print(f"API example, 100K input (80K cached) + 2K output: ${api_price(100_000, 2_000, 80_000):.4f}")
-
-    console.rule("[bold]Corrections[/] (k3_facts.md §0)")
-    for c in corrections():
-        console.print(f"[bold]{c['claim']}[/] [dim]({', '.join(c['sources'])})[/]\n  {c['verdict']}")
-        for name, value in c["figures"].items():
-            shown = (format_bytes(value, 3) if name.endswith("(B)") else f"{value:.2f}" if isinstance(value, float)
-                     else str(value))
-            console.print(f"    {name}: {shown}")

@@ -34,7 +34,7 @@ from .costs import (GPU_MEMORY, KIMI_LINEAR, KIMI_LINEAR_TPOT_MS, ServingModel, 
                     flops_per_token, k2_serving_model, kimi_linear_kv_only_limit, kv_only_limit,
                     serving_model)
 from .measure.accelerators import ACCELERATORS, REPORTED_SPEEDUP
-from .memory import MIB_CONTEXT, cache_bytes, format_bytes, non_negative_int
+from .memory import MIB_CONTEXT, cache_bytes, non_negative_int
 
 ETA = 0.7            # fraction of peak bandwidth and of peak FLOP/s a decode step reaches (k3_facts.md §5b)
 OVERHEAD = 0.1       # fraction of each GPU kept for activations, workspace and runtime (sim.costs.gpus_needed)
@@ -342,7 +342,7 @@ def speedups() -> ServingTable:
     for row in ROWS:
         best = max((c for c in cells if c.row == row and c.speedup is not None), key=lambda c: c.speedup)
         closest[row] = Figure(f"{row}: nearest to 'up to 6.3x'", best.speedup, "roofline (this table)",
-                              f"{_context_name(best.context)}, {best.column.name} (K3 batch {best.k3.batch}, "
+                              f"{context_name(best.context)}, {best.column.name} (K3 batch {best.k3.batch}, "
                               f"{'twin' if row == 'K3 against twin' else 'K2'} batch {best.other.batch})",
                               "sim.serving.speedups; the claim: S14")
     kl_measured = KIMI_LINEAR_TPOT_MS["full-MLA"] / KIMI_LINEAR_TPOT_MS["Kimi Linear"]
@@ -369,7 +369,8 @@ def speedups() -> ServingTable:
     )
 
 
-def _context_name(context: int) -> str:
+def context_name(context: int) -> str:
+    """The name a context length goes by in the tables ("4K", "128K", "1M"), else the count with commas."""
     return next((name for name, n in CONTEXTS.items() if n == context), f"{context:,}")
 
 
@@ -409,170 +410,3 @@ def headline() -> dict[str, float | None]:
         "k2_b1_4K": t.speedup("K3 against K2", "4K", "batch 1"),
         "bound": t.bound.value,
     }
-
-
-# ---------------------------------------------------------------------------- printing
-
-
-def _ms(s: float) -> str:
-    return f"{1e3 * s:.2f}"
-
-
-SHORT = {"K3 against twin": "against twin", "K3 against K2": "against K2"}
-
-
-def _column_label(col: Column) -> str:
-    return f"B={col.batch}" if col.batch else f"fit {col.deployment}"
-
-
-def _side(s: Served) -> str:
-    """One model's side of a cell in three short lines."""
-    if not s.batch:
-        return "none fit"
-    fits = f"fits (holds {s.fitting_batch:,})" if s.fits else f"DOES NOT FIT (holds {s.fitting_batch:,})"
-    return (f"B={s.batch:,} {fits}\nreads {format_bytes(s.weights_read)} of weights\n"
-            f"{_ms(s.t_bytes)} ms bytes, {_ms(s.t_flops)} FLOPs: {s.bound}\n{s.tokens_per_s_per_gpu:,.0f} tok/s per GPU")
-
-
-def print_table(console, table: ServingTable | None = None) -> None:
-    """`python -m sim costs`' serving section: the speed-up grid, each cell's parts, memory, the labelled figures."""
-    from rich.table import Table
-
-    t = table or speedups()
-    console.rule("[bold]Serving: K3's tokens/s per GPU over its all-MLA twin's and K2's[/] (sim.serving.speedups)")
-    console.print(f"twin = K3Config.twin(): every attention layer K3's own MLA at K3's widths, with its own weights. "
-                  f"Step time = max(bytes / (G BW eta), FLOPs / (G F eta)), eta = {ETA}, no communication; the weights "
-                  "read grow with the experts the batch touches. B=1 and B=64 run on the full deployment "
-                  f"({FULL}); 'fit D' runs each model at the largest batch D holds. n/a: a model cannot hold that batch.",
-                  highlight=False)
-    grid = Table(title="speed-up", title_justify="left")
-    grid.add_column("")
-    for col in COLUMNS:
-        grid.add_column(_column_label(col), justify="right")
-    for row in ROWS:
-        for name, context in CONTEXTS.items():
-            cells = [t.cell(row, context, col.name) for col in COLUMNS]
-            grid.add_row(f"{SHORT[row]} {name}", *("n/a" if c.speedup is None else f"{c.speedup:.2f}x" for c in cells))
-    grid.add_row("bound: same weights, KV only", *[f"{t.bound.value:.2f}x"] * len(COLUMNS), style="dim")
-    console.print(grid)
-    for name in ("128K", "1M"):
-        console.print(latency_and_throughput(name), highlight=False)
-    console.print(f"The bound ({t.bound.where}) is no serving figure; its value as the batch grows: "
-                  + ", ".join(f"{_context_name(n)} {v:.2f}x" for n, v in t.kv_only.items()) + ".", highlight=False)
-
-    detail = Table(title="each cell: the step from bytes and from FLOPs (the larger wins), tokens/s per GPU",
-                   title_justify="left", show_lines=True)
-    detail.add_column("")
-    for name in models():
-        detail.add_column(name)
-    for name, context in CONTEXTS.items():
-        for col in COLUMNS:
-            sides = [t.cell("K3 against twin", context, col.name).k3, t.cell("K3 against twin", context, col.name).other,
-                     t.cell("K3 against K2", context, col.name).other]
-            detail.add_row(f"{name}\n{_column_label(col)}", *(_side(s) for s in sides))
-    console.print(detail)
-
-    mem = Table(title=f"memory: each GPU keeps {OVERHEAD:.0%} for activations and runtime; the rest holds weights "
-                      "and caches", title_justify="left")
-    mem.add_column("deployment")
-    mem.add_column("left after weights\nK3 / twin / K2", justify="right")
-    for name in models():
-        mem.add_column(f"{name}: largest batch\n4K / 128K / 1M", justify="right")
-    for d in DEPLOYMENTS.values():
-        served = {n: [serve(n, d, None, ctx) for ctx in CONTEXTS.values()] for n in models()}
-        mem.add_row(d.name, " / ".join(format_bytes(s[0].memory_left) for s in served.values()),
-                    *(" / ".join(f"{x.fitting_batch:,}" for x in s) for s in served.values()))
-    console.print(mem)
-    for d in DEPLOYMENTS.values():
-        console.print(f"  {d.name}: {d.why}", highlight=False)
-    console.print("KV + state per sequence at 4K / 128K / 1M: " + "; ".join(
-        f"{n} " + " / ".join(format_bytes(per_sequence_bytes(models()[n][0], c)) for c in CONTEXTS.values())
-        for n in models()), highlight=False)
-
-    for f in (*t.closest.values(), t.claim, t.kimi_linear, t.kimi_linear_model):
-        console.print(f"{f.label}: {f.value:.2f}x ({f.kind}; {f.where}) [{f.source}]", highlight=False)
-    console.print(crossover_sentence(), highlight=False)
-    console.print(summary(), highlight=False)
-
-
-def grid_text(table: ServingTable | None = None) -> str:
-    """The speed-up grid as plain text (lessons print it; `print_table` prints the same cells with rich)."""
-    t = table or speedups()
-    labels = [_column_label(c) for c in COLUMNS]
-    rows = [["", *labels]]
-    for row in ROWS:
-        for name, context in CONTEXTS.items():
-            rows.append([f"{SHORT[row]} {name}", *("n/a" if c.speedup is None else f"{c.speedup:.2f}x"
-                                                   for c in (t.cell(row, context, col.name) for col in COLUMNS))])
-    rows.append(["bound: same weights, KV only", *[f"{t.bound.value:.2f}x"] * len(COLUMNS)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(r[0].ljust(widths[0]) + "".join(f"  {v:>{w}}" for v, w in zip(r[1:], widths[1:])) for r in rows)
-
-
-def latency_and_throughput(context: str = "1M", dep: str = FULL) -> str:
-    """Batch-1 latency beside throughput at the largest batch, for the three models: the two stories side by side."""
-    t = speedups()
-    one, fit = t.cell("K3 against twin", context, "batch 1"), t.cell("K3 against twin", context, f"largest fit, {dep}")
-    k2one, k2fit = t.cell("K3 against K2", context, "batch 1").other, t.cell("K3 against K2", context, f"largest fit, {dep}").other
-    lat = ", ".join(f"{s.name} {_ms(s.step_s)} ms" for s in (one.k3, one.other, k2one))
-    thr = ", ".join(f"{s.name} {s.tokens_per_s_per_gpu:,.0f} ({s.batch:,} sequences)" for s in (fit.k3, fit.other, k2fit))
-    return (f"at {context} on {dep}: batch-1 latency per token {lat}; tokens/s per GPU at the largest batch that fits "
-            f"{thr}.")
-
-
-def crossover_sentence() -> str:
-    b1, b64, bound = crossover(1), crossover(64), crossover(1, same_weights=True)
-    return (f"K3 decodes at least as fast as its twin from {b1:,} tokens at batch 1 and from {b64:,} at batch 64 "
-            f"({FULL}); under the same-weights bound (not a serving figure) from {bound:,} at batch 1.")
-
-
-def summary() -> str:
-    """The sentence a learner can repeat, every number from the table."""
-    t = speedups()
-    big, small = f"largest fit, {FULL}", "largest fit, 16xH200"
-    c = {(r, n, col): t.cell(r, n, col) for r in ROWS for n in CONTEXTS for col in (big, small, "batch 1")}
-    one = c[("K3 against K2", "4K", "batch 1")]
-    return (f"K3 is cheaper to serve than its all-MLA twin when many long sequences share the GPUs: its 24 latent "
-            f"caches instead of 93 let {FULL} hold {c[('K3 against twin', '1M', big)].k3.batch} sequences of 1M tokens "
-            f"against the twin's {c[('K3 against twin', '1M', big)].other.batch}, for {c[('K3 against twin', '1M', big)].speedup:.2f}x "
-            f"the twin's tokens/s per GPU ({c[('K3 against twin', '128K', big)].speedup:.2f}x at 128K). Against K2 it wins only "
-            f"at long context: {c[('K3 against K2', '1M', big)].speedup:.2f}x at 1M on {FULL} "
-            f"({c[('K3 against K2', '1M', small)].speedup:.2f}x on 16xH200), {c[('K3 against K2', '128K', big)].speedup:.2f}x at "
-            f"128K on {FULL} but {c[('K3 against K2', '128K', small)].speedup:.2f}x on 16xH200, where its larger weights leave "
-            f"less room for caches. At batch 1 it is slower than K2 at every context "
-            f"({c[('K3 against K2', '4K', 'batch 1')].speedup:.2f}x at 4K, {c[('K3 against K2', '1M', 'batch 1')].speedup:.2f}x at "
-            f"1M: it reads {format_bytes(one.k3.weights_read)} of weights a step against K2's "
-            f"{format_bytes(one.other.weights_read)}) and slower than its twin below {crossover(1):,} tokens "
-            f"({c[('K3 against twin', '4K', 'batch 1')].speedup:.2f}x at 4K: a KDA layer holds more weights than an MLA layer).")
-
-
-def markdown_table(table: ServingTable | None = None) -> str:
-    """docs/k3_facts.md §5c's table, as that file prints it (tests/test_serving.py checks the file against this)."""
-    t = table or speedups()
-    head = "| row | context | " + " | ".join(_column_label(c) for c in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (2 + len(COLUMNS))]
-    for row in ROWS:
-        for name, context in CONTEXTS.items():
-            cells = [t.cell(row, context, c.name) for c in COLUMNS]
-            lines.append(f"| {row} | {name} | " + " | ".join(
-                "n/a" if c.speedup is None else f"{c.speedup:.2f}x" for c in cells) + " |")
-    lines.append(f"| {t.bound.label} | any | " + " | ".join([f"{t.bound.value:.2f}x"] * len(COLUMNS)) + " |")
-    batches = ["", "| largest batch (K3 / twin / K2) | context | " + " | ".join(d for d in DEPLOYMENTS) + " |",
-               "|" + "---|" * (2 + len(DEPLOYMENTS))]
-    for name, context in CONTEXTS.items():
-        batches.append(f"| | {name} | " + " | ".join(
-            " / ".join(f"{serve(n, d, None, context).fitting_batch:,}" for n in models()) for d in DEPLOYMENTS) + " |")
-    batches.append("| memory left after weights and activations | | " + " | ".join(
-        " / ".join(format_bytes(serve(n, d, None, 4096).memory_left) for n in models()) for d in DEPLOYMENTS) + " |")
-    return "\n".join(lines + batches)
-
-
-def readme_line() -> str:
-    """README's one line of serving figures (tests/test_serving.py checks the README against this)."""
-    h, t = headline(), speedups()
-    one = t.cell("K3 against K2", "4K", "batch 1")
-    return (f"At 1M tokens with the batch full on {FULL}, K3 serves {h['twin_fit_1M']:.2f}x the tokens/s per GPU of its "
-            f"all-MLA twin and {h['k2_fit_1M']:.2f}x K2's; at batch 1 it is {h['twin_b1_1M']:.2f}x its twin and "
-            f"{h['k2_b1_1M']:.2f}x K2 (slower: it reads {format_bytes(one.k3.weights_read, 0)} of weights a step "
-            f"against K2's {format_bytes(one.other.weights_read, 0)}).")
-

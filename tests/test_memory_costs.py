@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sim import costs, memory, serving
+from sim import costs, memory, serving, serving_text
 from tiny_k3 import K3Config, TinyK3, parameter_breakdown, parameter_counts
 from tiny_k3.config import COUNTED_ONLY
 
@@ -44,6 +44,25 @@ def test_hybrid_reduction():
     assert memory.hybrid_reduction(K3) == pytest.approx(1 - 24 / 93)
     assert round(100 * memory.hybrid_reduction(K3), 1) == 74.2
     assert 1 - memory.kv_bytes_per_token(K3) / memory.kv_bytes_per_token(K3.twin()) == pytest.approx(1 - 24 / 93)
+    assert memory.kv_reduction(K3, K3Config.preset("k2")) == pytest.approx(1 - 27_648 / 70_272)   # 60.7% (§5a)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "k3-topo", "k3"])
+def test_crossover_is_the_first_token_count_where_the_hybrid_holds_less(preset):
+    cfg = K3Config.preset(preset)
+    n = memory.crossover_tokens(cfg)
+
+    def smaller(t):
+        return sum(memory.cache_bytes(cfg, t)) < sum(memory.cache_bytes(cfg.twin(), t))
+
+    assert n is not None and smaller(n) and not smaller(n - 1)
+    assert all(smaller(t) for t in (n + 1, 2 * n, memory.MIB_CONTEXT))   # and it stays below from there
+    if n < 5_000:                                                         # the small presets: a plain scan
+        assert n == next(t for t in range(1, 5_000) if smaller(t))
+
+
+def test_no_crossover_without_kda_layers():
+    assert memory.crossover_tokens(K3Config.preset("tiny").twin()) is None
 
 
 def test_mha_baseline_and_projection():
@@ -220,7 +239,7 @@ def test_api_price():
 
 
 def test_corrections():
-    found = costs.corrections()
+    found = serving_text.corrections()
     assert len(found) == 4
     assert all({"claim", "verdict", "figures", "sources"} <= set(c) for c in found)
     speed, size, gpus, attention = (c["figures"] for c in found)
@@ -247,7 +266,7 @@ def test_main_costs_prints_report():
     from rich.console import Console
 
     out = io.StringIO()
-    costs.main_costs(Console(file=out, width=140))
+    serving_text.main_costs(Console(file=out, width=140))
     text = out.getvalue()
     assert "1.560 TB" in text and "29.0 GB" in text and "Corrections" in text and "S34" in text
     assert "sim.serving.speedups" in text

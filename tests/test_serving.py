@@ -10,7 +10,7 @@ import re
 import pytest
 from rich.console import Console
 
-from sim import costs, serving
+from sim import costs, serving, serving_text
 from sim.memory import cache_bytes
 from sim.measure.accelerators import ACCELERATORS
 from tiny_k3 import K3Config, parameter_breakdown
@@ -171,7 +171,7 @@ def _figures(text: str) -> list[str]:
 
 def test_python_m_sim_costs_prints_only_the_tables_speed_ups(table):
     out = io.StringIO()
-    costs.main_costs(Console(file=out, width=200, color_system=None))
+    serving_text.main_costs(Console(file=out, width=200, color_system=None))
     text = out.getvalue()
     allowed = table.figures()
     printed = _figures(text)
@@ -180,7 +180,7 @@ def test_python_m_sim_costs_prints_only_the_tables_speed_ups(table):
     for c in table.cells:
         if c.speedup is not None:
             assert f"{c.speedup:.2f}x" in grid
-    assert " ".join(serving.summary().split()) in " ".join(text.split())
+    assert " ".join(serving_text.summary().split()) in " ".join(text.split())
 
 
 def test_the_tui_memory_panel_prints_the_tables_figure(table):
@@ -210,11 +210,11 @@ def test_the_readme_and_k3_facts_quote_the_table():
 
     root = Path(__file__).resolve().parents[1]
     readme = _flat((root / "README.md").read_text(encoding="utf-8"))
-    assert _flat(serving.readme_line()) in readme
+    assert _flat(serving_text.readme_line()) in readme
     facts = (root / "docs" / "k3_facts.md").read_text(encoding="utf-8")
     section = facts[facts.index("### 5c."):facts.index("## 6. Expert parallelism")]
-    assert serving.markdown_table() in section                       # the table and the fitting batches, as computed
-    for sentence in (serving.crossover_sentence(), serving.summary()):
+    assert serving_text.markdown_table() in section                       # the table and the fitting batches, as computed
+    for sentence in (serving_text.crossover_sentence(), serving_text.summary()):
         assert _flat(sentence) in _flat(section)
     t = serving.speedups()
     rows = dict(re.findall(r"^\| ([^|]+) \| (\d+\.\d\d)x \|", section, re.M))
@@ -233,7 +233,7 @@ def test_the_readme_and_k3_facts_quote_the_table():
 
 
 def test_batch_one_latency_is_shown_beside_throughput_at_the_largest_batch(table):
-    line = serving.latency_and_throughput("1M")
+    line = serving_text.latency_and_throughput("1M")
     one = [table.cell("K3 against twin", "1M", "batch 1").k3, table.cell("K3 against twin", "1M", "batch 1").other,
            table.cell("K3 against K2", "1M", "batch 1").other]
     fit = [table.cell(r, "1M", f"largest fit, {serving.FULL}") for r in serving.ROWS]
@@ -251,3 +251,8 @@ def test_the_crossovers_are_bandwidth_bound_where_they_are_found():
         n = serving.crossover(batch, same_weights=same)
         for name in ("K3", "same-weights twin" if same else "twin"):
             assert serving.serve(name, serving.FULL, batch, n).bound == "bandwidth"
+
+
+def test_context_names_are_the_tables_and_anything_else_is_counted():
+    assert [serving.context_name(n) for n in serving.CONTEXTS.values()] == list(serving.CONTEXTS)
+    assert serving.context_name(1000) == "1,000", "a length that is no table's column is shown as a count"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import sim as sim_pkg
-from sim.memory import cache_bytes, format_bytes
+from sim.memory import cache_bytes, crossover_tokens, format_bytes
 from tiny_k3.tokenizer import token_text
 from tiny_k3.weights import CheckpointError
 from tui import TinyK3App
@@ -21,7 +21,8 @@ from tiny_k3.config import DEFAULT_PROMPT, K3Config
 from tiny_k3.tokenizer import encode
 from tui_app.driver import Driver
 from tui_app.footer import K3Footer
-from tui_app.panels import View, crossover_tokens, memory_table, routing_headline
+from sim.render import memory_table
+from tui_app.panels import View, routing_headline
 from tui_app.screens import HelpScreen, PresetScreen, PromptScreen
 from tui_app.whatif_screen import fmt_kl
 from tui_pilot import PROMPT, make_app, screen_text, settle, sync, wait_until

@@ -14,9 +14,12 @@ my_mxfp4_bytes(rows, cols) -> int
   bytes of a [rows, cols] weight matrix stored as MXFP4 (OCP MX, k3_facts.md §4).
 Checked against sim.costs.mxfp4_bytes.
 """,
-          hints=('MXFP4 packs each row in blocks of 32 values: 4-bit E2M1 values plus one shared 8-bit E8M0 scale per '
-                 'block; the last block of a row is padded.',
-                 'rows * ceil(cols / 32) * (16 + 1)     (16 B of 4-bit values + a 1-B scale per block)'))
+          hints=('MXFP4 packs each row in blocks of 32 values: 4-bit E2M1 values plus one shared 8-bit E8M0 scale '
+                 'per block; the last block of a row is padded.',
+                 'Blocks per row: 32 values per block and the last one padded, so ⌈cols / 32⌉ (round up). One '
+                 'block: 32 values of 4 bits are 16 bytes, and its scale 1 byte more: 17 bytes. The matrix: rows × '
+                 'blocks per row × 17 bytes.',
+                 'return rows * math.ceil(cols / 32) * 17      (16 B of 4-bit values + a 1-B scale per block)'))
 def check_mxfp4_bytes(fn) -> None:
     from sim.costs import mxfp4_bytes
 
@@ -52,9 +55,13 @@ my_release_bytes(parts) -> int
   and the non-expert layers; k3_facts.md §1b, §4).
 Checked against sim.costs.weight_bytes(config, "k3-release") on K3 (1.560 TB) and two small presets.
 """,
-          hints=('Only the routed experts are MXFP4; everything else (attention, shared experts, router, projections, '
-                 'embedding, head) stays BF16.',
-                 "ceil(parts['routed_experts'] / 32) * 17 + (sum(parts.values()) - parts['routed_experts']) * 2"))
+          hints=('Only the routed experts are MXFP4; everything else (attention, shared experts, router, '
+                 'projections, embedding, head) stays BF16.',
+                 'Split the parameters in two: the routed experts, and all the other parts together. The routed '
+                 'experts are MXFP4: blocks of 32 parameters at 17 bytes a block (round the block count up). The '
+                 'rest is BF16, 2 bytes a parameter. The checkpoint is the two byte counts added.',
+                 "routed = parts['routed_experts'];  rest = sum(parts.values()) - routed\n"
+                 '  return math.ceil(routed / 32) * 17 + rest * 2'))
 def check_release_bytes(fn) -> None:
     from sim.costs import weight_bytes
     from tiny_k3 import K3Config, parameter_breakdown
@@ -97,7 +104,12 @@ Checked against sim.costs.ep_traffic_for(config).per_layer.
 """,
           hints=('Dispatch travels in FP8 with a 1-byte scale per 32 values, combine in BF16; with latent MoE the '
                  'token is projected down BEFORE dispatch, so the latent width travels, not the hidden width.',
-                 'top_k * (l + ceil(l / 32)) + top_k * l * 2,   l = config.latent_dim (K3: 3584)'))
+                 'Two trips per token and MoE layer, each made once for each of the top_k experts, carrying the '
+                 'latent width l = config.latent_dim values (K3: 3584). Out (dispatch): FP8, 1 byte a value, plus a '
+                 '1-byte scale for every block of 32 values (round up). Back (combine): BF16, 2 bytes a value. Add '
+                 'the two trips.',
+                 'width, k = config.latent_dim, config.top_k\n'
+                 '  return k * (width + math.ceil(width / 32)) + k * width * 2'))
 def check_ep_bytes(fn) -> None:
     from sim.costs import ep_traffic_for
 

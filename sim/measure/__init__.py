@@ -4,7 +4,8 @@
                           [--quick] [--save]
 
 layers.py       the layers at real widths from tiny_k3's modules; absorbed MLA decode; MoE with touched experts only
-measurement.py  timing, the machine's copy bandwidth and GEMM FLOP/s, `Measurement` (composition), save / load
+measurement.py  what a step reads and computes, input checks, `Measurement` (composition), save / load
+run.py          `measure()`: one layer at a time, timed; the machine's copy bandwidth and GEMM FLOP/s
 accelerators.py H100 / H200 / B200 / B300 bandwidth and dense BF16 FLOP/s (docs/accelerators.md)
 report.py       the printed tables, the roofline, the reading, the CLI and its last line
 """
@@ -12,7 +13,8 @@ report.py       the printed tables, the roofline, the reading, the CLI and its l
 from .accelerators import ACCELERATORS, REPORTED_SPEEDUP, Accelerator
 from .layers import TouchedMoE, Widths, absorbed_mla_step, k2_config, latent_cache, widths
 from .measurement import (SHIPPED, LayerWork, Machine, Measurement, check_memory, estimate_peak_bytes, load_saved, parse_batches,
-                          measure, parse_tokens, save, saved_paths, schedules)
+                          parse_tokens, save, saved_paths, schedules)
+from .run import measure
 from .report import batch_line, last_line, main_measure, reading, report, saved_line
 
 __all__ = ["measure", "Measurement", "LayerWork", "Machine", "load_saved", "save", "saved_paths", "SHIPPED", "main_measure", "last_line", "batch_line", "saved_line",

@@ -11,7 +11,8 @@ from rich.table import Table
 from ..memory import format_bytes
 from . import layers as L
 from .accelerators import ACCELERATORS, REPORTED_SPEEDUP
-from .measurement import MODELS, Measurement, load_saved, measure, save
+from .measurement import MODELS, Measurement, load_saved, save
+from .run import measure
 
 LABELS = {"kda": "KDA", "mla": "MLA (absorbed)", "moe": "MoE (touched)", "dense": "dense MLP", "head": "norm + head",
           "k2-mla": "K2 MLA", "k2-moe": "K2 MoE", "k2-dense": "K2 dense"}
@@ -150,7 +151,13 @@ def reading(m: Measurement) -> list[str]:
 
 
 def report(m: Measurement, console: Console) -> None:
-    c = L.widths(m.widths != "k3").k3
+    """`python -m sim measure`'s tables and reading, in order."""
+    for section in (_header, _layer_table, _per_token_table, _roofline_table, _closing_lines):
+        section(m, console)
+
+
+def _header(m: Measurement, console: Console) -> None:
+    """The run's circumstances: device, dtype, load, whether it can be trusted, the machine's probes."""
     console.rule(f"[bold]K3 decode, measured[/] ({m.widths} widths, random weights, one layer at a time)")
     console.print(f"device {m.device}: {m.device_name} · {m.dtype} · torch {m.torch_version} · {m.machine.threads} "
                   f"threads · median of {m.repeats} after {m.warmup} warm-up · {m.created}", highlight=False)
@@ -168,6 +175,9 @@ def report(m: Measurement, console: Console) -> None:
     console.print(f"this machine: copy {m.machine.bandwidth / 1e9:.1f} GB/s (read + write), GEMM "
                   f"{m.machine.flops / 1e9:.1f} GFLOP/s in {m.dtype}, ridge {m.machine.ridge:.1f} FLOP/B", highlight=False)
 
+
+def _layer_table(m: Measurement, console: Console) -> None:
+    """One decode step of each layer: time, bytes held and moved, FLOPs, and the bound that wins."""
     t = Table(title="one decode step of each layer", title_justify="left")
     for col in ("layer", "cached T", "ms", "held", "moves", "GFLOP", "GB/s", "of copy", "GFLOP/s", "of GEMM", "bound"):
         t.add_column(col, justify="left" if col == "layer" else "right")
@@ -182,12 +192,16 @@ def report(m: Measurement, console: Console) -> None:
                   f"{flops / 1e9:.2f}", f"{moved / s / 1e9:.1f}", f"{bw:.0%}", f"{flops / s / 1e9:.1f}", f"{fl:.0%}",
                   "compute" if fl > bw else "bandwidth")
     console.print(t)
+    c = L.widths(m.widths != "k3").k3
     idle = c.num_experts - c.top_k
     console.print(f"MoE: a decode step reads only its {c.top_k} routed experts (+ {c.num_shared_experts} shared, router, "
                   f"latent projections): {format_bytes(m.held_bytes['moe'])} held here; the whole layer with all "
                   f"{c.num_experts} experts is {format_bytes(m.moe_full_bytes)} in {m.dtype}: the {idle} idle experts count "
                   "in the memory figures (sim.costs), not in the time.", highlight=False)
 
+
+def _per_token_table(m: Measurement, console: Console) -> None:
+    """The per-token decode time of each model, composed by its layer schedule, with the ratios."""
     slowest = max(m.per_token(k, n) for k in MODELS for n in m.tokens)
     scale, unit = (1.0, "s") if slowest > 10 else (1e3, "ms")
     t = Table(title=f"per-token decode time, composed by the schedules ({unit})", title_justify="left")
@@ -205,6 +219,10 @@ def report(m: Measurement, console: Console) -> None:
     console.print(f"K3 = {schedule}; twin = {' + '.join(f'{n} {k}' for k, n in m.schedules['twin'].items())}; "
                   f"K2-shaped = {' + '.join(f'{n} {k}' for k, n in m.schedules['k2'].items())}", highlight=False)
 
+
+def _roofline_table(m: Measurement, console: Console) -> None:
+    """The measured layers on each GPU's roofline, beside this machine's."""
+    untrusted = m.distrust() is not None
     t = Table(title="the measured layers on a GPU roofline: each at max(bytes/BW, FLOPs/peak), every weight bf16, batch 1 "
                     "(the serving table, release format and deployments: python -m sim costs)",
               title_justify="left")
@@ -220,6 +238,10 @@ def report(m: Measurement, console: Console) -> None:
         t.add_row("measured here", "", "", "", *(f"{m.speedup(n):.2f}x" for n in m.tokens),
                   f"{m.speedup(m.tokens[-1], 'k2'):.2f}x")
     console.print(t)
+
+
+def _closing_lines(m: Measurement, console: Console) -> None:
+    """The reported figure beside the layer-count ceiling and sim.serving's, the reading, the memory peak."""
     n = m.tokens[-1]
     console.print(f"reported: up to {REPORTED_SPEEDUP:g}x (Moonshot, k3_facts.md S14), which is Kimi Linear's TPOT at 1M: "
                   f"{kimi_linear_tpot_speedup():.2f}x (S16, S34) · layer-count ceiling {layer_ceiling(m):.2f}x · "
