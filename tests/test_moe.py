@@ -635,6 +635,12 @@ def test_each_row_of_the_table_holds_exactly_at_its_documented_bound():
     assert choose("decode_down") == "bmm"
 
 
+def test_the_decision_tables_docstring_lists_every_stage_and_path_in_order():
+    rows = [line.split("|")[1:3] for line in FastPaths.choose.__doc__.splitlines() if line.strip().startswith("| ")]
+    listed = [(stage.strip(), path.strip()) for stage, path in rows[1:]]          # (the header row first)
+    assert listed == [(stage, path) for stage, paths in STAGES.items() for path in paths]
+
+
 def test_force_names_a_stage_and_one_of_its_paths():
     fast = _moe("tiny").fast
     with pytest.raises(ValueError, match="unknown stage 'prefill'; the stages are forward, experts"):

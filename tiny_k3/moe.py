@@ -9,7 +9,9 @@ K3's MoE sublayer (k3_facts.md §1c, §2, §3b), for x [B, T, D]:
     y = sum_j w_j E_j(z)                    E_j(z) = W2_j situ_glu(W1_j z, W3_j z), l -> m -> l   [B, T, l]
     out = W_up RMSNorm(y) + Shared(x)       norm after the full sum; shared experts at width D    [B, T, D]
 
-Only the k chosen experts of each token are computed (see `LatentMoE.mix_experts`).
+Only the k chosen experts of each token are computed (see `LatentMoE.mix_experts`). This module is the math,
+in forward order; the inference fast paths, their cost model and the one table that picks among them are in
+tiny_k3/moe_fast.py (`LatentMoE.fast`), `top_k_ids` in tiny_k3/topk.py.
 
 `PlainMoE` is the MoE of DeepSeek-V3, K2 and Kimi Linear (`moe_kind="plain"`): the same router and experts
 with no latent: z = x, E_j: D -> m -> D, out = y + Shared(x) (docs/lineage.md §1).
@@ -178,7 +180,8 @@ class LatentMoE(nn.Module):
     Routed experts are stacked: w1, w3 [E, m, l] (gate, up) and w2 [E, l, m] (down), m = moe_intermediate,
     l = latent_dim. After a forward, `last_load` [E] holds the tokens sent to each expert (counted on demand),
     for `self.router.update_bias(self.last_load)` in the training loop. `dense_reference` runs every expert:
-    the test oracle for the sparse forward.
+    the test oracle for the sparse forward. `fast` (moe_fast.FastPaths) holds the inference fast paths and
+    their decision table; `fast.force(forward="general")` runs the general path alone.
     """
 
     def __init__(self, config: K3Config, device=None, dtype=None):

@@ -95,10 +95,14 @@ STAGES = {"forward": ("decode", "tokens", "general"), "experts": ("sampled", "co
 
 def pick(rows: list[tuple[str, bool, bool]], forced: str | None) -> str:
     """The path of the first row (path, applies, pays) that applies and pays; a forced path wherever it applies."""
-    for path, applies, _ in rows:
-        if applies and path == forced:
+    if forced is not None:
+        for path, applies, _ in rows:
+            if applies and path == forced:
+                return path
+    for path, applies, pays in rows:     # (a loop, not next(...): at decode this runs twice a layer)
+        if applies and pays:
             return path
-    return next(path for path, applies, pays in rows if applies and pays)
+    raise AssertionError("the last row of every stage applies and pays")
 
 
 class FastPaths:
