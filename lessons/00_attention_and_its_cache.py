@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from checks import check_causal_attention, check_decode_step, check_kv_cache_bytes, hint  # noqa: F401  (hint: for you)
-from workshop import bar_labels, exercise, heatmap, integer_ticks, load_model, plt, step_slider, try_exercise, weights_note
+from workshop import (bar_labels, exercise, heatmap, integer_ticks, load_model, plt, step_slider, try_exercise,
+                      weights_note)
 from sim.costs import GPU_MEMORY
 from sim.memory import MIB_CONTEXT, cache_bytes, format_bytes, mha_bytes_per_token, project_to_k3
 from tiny_k3 import DEFAULT_PROMPT, TraceRecorder

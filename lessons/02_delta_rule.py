@@ -154,8 +154,9 @@ plt.tight_layout(); plt.show()
 #
 # The delta rule never forgets what it is not told to overwrite. Gated DeltaNet multiplies S by one
 # α_t ∈ (0, 1] per head before writing; KDA multiplies **row d** of S (key channel d) by its own
-# α_{t,d} = exp(g_{t,d}). A channel with α ≈ 1 keeps information for hundreds of tokens, a channel
-# with α ≈ 0.5 for about one. The half-life of channel d is ln 2 / (−g_d) tokens.
+# α_{t,d} = exp(g_{t,d}). The half-life of channel d is ln 2 / (−g_d) tokens: a channel with α ≈ 0.5 keeps
+# information for about one token, one with α close to 1 for far longer than any prompt here. The cell
+# prints the range this model uses, and how many channels sit at each end.
 
 # %%
 model, trained = load_model("small")
@@ -170,8 +171,14 @@ print(f"preset 'small', layer {layer} (KDA): {weights_note(trained)}")
 print(f"prompt {prompt!r}: a recall line; the query after '|' asks for {expected_answer(prompt)!r}")
 print(f"gate: K3's lower-bound form g = -5·σ(...) ∈ (-5, 0) (k3_facts.md §1c); "
       f"here g ∈ [{g_tok.min():.3f}, {g_tok.max():.3f}]")
-print(f"half-lives over all channels and tokens: {half_life.min():.1f} to {half_life.max():.0f} tokens "
-      f"(median {half_life.median():.1f})")
+short, long = float((half_life < 2).float().mean()), float((half_life > len(ids)).float().mean())
+print(f"half-lives over all {half_life.numel():,} (token, head, channel) gates: {half_life.min():.1f} to "
+      f"{half_life.max():,.0f} tokens (median {half_life.median():.1f}); {short:.0%} under 2 tokens, {long:.0%} "
+      f"longer than this whole {len(ids)}-token prompt")
+assert half_life.min() < 2 < len(ids) < half_life.max(), \
+    "the take-away says some channels turn over within a token or two while others outlast the prompt"
+facts.update(half_life_min=float(half_life.min()), half_life_max=float(half_life.max()),
+             half_life_short_share=short, half_life_long_share=long)
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4))
 heatmap(a1, g_tok[:, 0].exp().T.numpy(), label="α = exp(g): kept per token", vmin=0, vmax=1,
@@ -376,7 +383,9 @@ fig, (a1, a2) = plt.subplots(1, 2, figsize=(16, 4.2), gridspec_kw={"width_ratios
 colors = ["crimson" if d in defined else "tab:blue" for d in range(query_at + 1)]
 a1.bar(range(query_at + 1), cosine, color=colors)
 a1.axvline(query_at, color="k", ls="--", lw=1, label="the query (its own write)")
-a1.set_xticks(range(query_at + 1), [token_text(t) for t in ids[: query_at + 1]], fontsize=9)
+a1.set_xticks(range(query_at + 1), [token_text(t) for t in ids[: query_at + 1]], fontsize=13)
+for tick, t in zip(a1.get_xticklabels(), ids):
+    tick.set_rotation(90 if len(token_text(t)) > 1 else 0)        # '<bos>' upright would cover its neighbour
 a1.set_ylim(-1, 1), a1.axhline(0, color="grey", lw=0.5)
 a1.set_xlabel("token d whose write u_d is compared (red: the definition)"), a1.set_ylabel("cos(r_query, u_d)")
 a1.set_title(f"layer {best.layer}, head {best.head}: what the read at the query matches"), a1.legend(loc="lower left")
@@ -472,7 +481,7 @@ try_exercise(check_read_weights, my_read_weights)
 
 # %% [markdown]
 # **Take-away.** KDA's memory is a K × V matrix per head that never grows. The delta rule keeps it
-# accurate by writing only what it gets wrong; per-channel decay lets some channels hold on for
-# hundreds of tokens while others turn over every few. The recurrent loop (decode) and the chunked
+# accurate by writing only what it gets wrong; per-channel decay lets some channels outlast the whole prompt
+# while others turn over within a token or two (section 3 printed the range and the share at each end). The recurrent loop (decode) and the chunked
 # matmuls (prefill) are the same function. And whether a trained head really returns at the query what it wrote
 # at the definition is not a belief but a measurement: the cosine of its read with each past write.

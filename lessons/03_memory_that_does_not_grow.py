@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from checks import check_kda_state_bytes, check_mla_cache_bytes, hint  # noqa: F401  (hint: for you)
-from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
+from figures import log_points
+from workshop import exercise, integer_ticks, plt, step_slider, try_exercise
 from sim import Simulation
 from sim.costs import KIMI_LINEAR
 from sim.memory import (MIB_CONTEXT, cache_bytes, format_bytes, hybrid_reduction, kv_bytes_per_token,
@@ -123,18 +124,13 @@ def show_step(i):
     f = sim.frames[i]
     k3now = project_to_k3(f.position + 1)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 3.4))
-    bars = a1.barh(["twin KV", "hybrid state", "hybrid KV"],
-                   [f.memory.twin_kv_bytes, f.memory.state_bytes, f.memory.kv_bytes],
-                   color=["tab:red", "tab:orange", "tab:blue"])
-    bar_labels(a1, bars, format_bytes, horizontal=True)
+    colors = ["tab:blue", "tab:orange", "tab:red"]        # points, not bars: a log axis has no zero to start from
+    log_points(a1, ["hybrid KV", "hybrid state", "twin KV"],
+               [f.memory.kv_bytes, f.memory.state_bytes, f.memory.twin_kv_bytes], colors, format_bytes)
     a1.set_title(f"{cfg.name}: after token {f.position} {f.input_text!r}"), a1.set_xlabel("bytes (log)")
-    a1.set_xscale("log")
-    bars = a2.barh(["all-MLA twin", "KDA state", "MLA KV"], [k3now.twin, k3now.state, k3now.kv],
-                   color=["tab:red", "tab:orange", "tab:blue"])
-    bar_labels(a2, bars, format_bytes, horizontal=True)
+    log_points(a2, ["MLA KV", "KDA state", "all-MLA twin"], [k3now.kv, k3now.state, k3now.twin], colors, format_bytes)
     a2.set_title(f"K3 at {f.position + 1} tokens: hybrid {format_bytes(k3now.hybrid)} vs twin "
                  f"{format_bytes(k3now.twin)}"), a2.set_xlabel("bytes (log: they differ by orders of magnitude)")
-    a2.set_xscale("log")
     plt.tight_layout(); plt.show()
 
 
@@ -377,7 +373,7 @@ for ax, kind in zip(axes, KEY_KINDS):
     ax.axvline(1.0, color="grey", lw=1, ls="--"), ax.axhline(10, color="grey", lw=1, ls=":")
     ax.set_xlabel("pairs written / K"), ax.set_ylabel("reads exact (%)"), ax.set_ylim(0, 105)
     ax.set_title(f"{kind} keys: one K x K state (solid) vs attention (dotted)")
-axes[0].legend(fontsize=9, ncol=2, loc="lower left")
+axes[0].legend(ncol=2, loc="lower left")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]

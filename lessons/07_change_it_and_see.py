@@ -118,8 +118,8 @@ if facts["kda_only_present"]:
     print(f"{KDA_ONLY}: original -> {lin_base.text_after!r} (p = {facts['kda_only_p']['original']:.3f}); after the "
           f"reset -> {lin_reset.text_after!r} (p = {facts['kda_only_p']['reset KDA']:.3f}, KL {lin_reset.kl[0]:.4f})")
 else:
-    print(f"no {KDA_ONLY!r} checkpoint ships yet (have: {', '.join(available_pretrained())}); "
-          f"this cell runs the same reset on it once it does.")
+    print(f"the {KDA_ONLY!r} checkpoint is missing from this copy (have: {', '.join(available_pretrained())}); "
+          f"it ships with tiny_k3, so restore the copy's tiny_k3/ folder and re-run this cell.")
 
 fig, ax = plt.subplots(figsize=(8, 3.2))
 models = {"small (hybrid)": facts["recall_p"]}
@@ -244,14 +244,20 @@ print(f"loss {loss0:.4f} -> {loss_ablate:.4f} nats/token (Δ {loss_ablate - loss
 print(f"its tokens went to {len(set(took))} different experts; the most common heir, expert {heir}, took {heir_n}")
 
 after = torch.bincount(ids_ablate[LAYER].flatten(), minlength=cfg.num_experts)
-show = torch.argsort(load0[LAYER], descending=True)[:24]
-fig, ax = plt.subplots(figsize=(9, 3))
+heirs = sorted(set(took))                                               # every expert that took one of its slots
+busiest = torch.argsort(load0[LAYER], descending=True)[:12].tolist()
+show = sorted(set(busiest) | set(heirs), key=lambda e: -int(load0[LAYER][e]))   # the busiest 12 and every heir
+fig, ax = plt.subplots(figsize=(12, 3.6))
 x = np.arange(len(show))
-ax.bar(x - 0.2, load0[LAYER][show], 0.4, label="original", color="tab:grey")
-ax.bar(x + 0.2, after[show], 0.4, label=f"expert {top} ablated", color="tab:red")
+ax.bar(x - 0.2, load0[LAYER][show].numpy(), 0.4, label="original", color="tab:grey")
+ax.bar(x + 0.2, after[show].numpy(), 0.4, label=f"expert {top} ablated", color="tab:red")
 ax.set_xticks(x, [str(int(e)) for e in show], rotation=90)
-ax.set_xlabel(f"expert id (layer {LAYER}, the 24 busiest)"), ax.set_ylabel("tokens routed"), ax.legend()
-integer_ticks(ax, "y")
+for tick, e in zip(ax.get_xticklabels(), show):
+    if e in heirs:
+        tick.set_color("tab:red"), tick.set_fontweight("bold")
+ax.set_xlabel(f"expert id (layer {LAYER}): the 12 busiest and, in red, the {len(heirs)} that took over its slots")
+ax.set_ylabel("tokens routed"), integer_ticks(ax, "y")
+ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))                  # beside the plot: it covers no bar
 ax.set_title(f"who takes over when expert {top} is gone")
 plt.tight_layout(); plt.show()
 
@@ -280,6 +286,16 @@ for layer, b, a, i0, i1 in zip(layers, facts["balance_before"], facts["balance_a
                                facts["idle_after"]):
     print(f"L{layer}: max/mean load {b:5.2f} -> {a:5.2f}   idle experts {i0:3d} -> {i1:3d} of {cfg.num_experts}")
 print(f"loss {loss0:.4f} -> {loss_nobias:.4f} nats/token without the bias")
+k = cfg.top_k
+kept = np.mean([len(set(a.tolist()) & set(b.tolist())) / k for layer in layers
+                for a, b in zip(ids0[layer], ids_nobias[layer])])          # experts a token keeps, on average
+new_picks = [e for layer in layers for a, b in zip(ids0[layer], ids_nobias[layer]) for e in set(b.tolist()) - set(a.tolist())]
+new_layers = [layer for layer in layers for a, b in zip(ids0[layer], ids_nobias[layer]) for _ in set(b.tolist()) - set(a.tolist())]
+rare = np.mean([int(load0[layer][e]) <= 1 for layer, e in zip(new_layers, new_picks)]) if new_picks else 0.0
+facts.update(nobias_kept_share=float(kept), nobias_new_to_rare=float(rare))
+assert loss_nobias > loss0, "switching off the bias changes which experts run, so the output (and loss) changes"
+print(f"without the bias a token keeps {kept:.0%} of its {k} experts on average; of the experts it gets instead, "
+      f"{rare:.0%} took at most one token of this text with the bias on (over {len(new_picks):,} swaps)")
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
 x = np.arange(len(layers))
@@ -298,11 +314,18 @@ plt.tight_layout(); plt.show()
 # the bias is what spreads the work (and in an expert-parallel deployment, what keeps one GPU from
 # doing the work of four).
 #
+# And the loss changes by a lot (the line above), although lesson 1 showed the bias never enters the weights
+# w = s[ids] / Σ s[ids]. It does not need to: it decides *who* runs, and a different who is a different
+# function. The model was trained with the bias on, so each expert learned from the tokens the biased router sent
+# it; switch the bias off and a token keeps only part of its experts (the share printed above), and many of the
+# experts it gets instead hardly ever saw such a token. "No effect on the output" holds for the weights of a
+# given choice, not for the choice.
+#
 # ## 4. Uniform depth weights: what AttnRes had learned
 #
 # `UniformDepth()` sets every Attention Residuals query to zero: each sublayer reads the plain mean of
-# its sources, the standard-residual picture AttnRes starts from (lesson 4). The gap in loss is what
-# training put into the depth weights. Left, the learned weights at the recall query.
+# its sources, the standard-residual picture AttnRes starts from (lesson 4). Left, the learned weights at
+# the recall query; right, the loss with and without them.
 
 # %%
 loss_uniform, _ = run(sim.model, [UniformDepth()])
@@ -314,14 +337,21 @@ print(f"loss {loss0:.4f} -> {loss_uniform:.4f} nats/token with uniform depth wei
       f"{flat.kl[0]:.3f} and the top token {flat.top_before[0][0][1]!r} -> {flat.top_after[0][0][1]!r}")
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [1.3, 1]})
-heatmap(a1, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="magma",
+heatmap(a1, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="viridis",
         xlabel="source (embedding, block sums, partial)", ylabel="depth read")
 a1.set_yticks(range(len(reads)), [f"L{d.layer} {d.site}" for d in reads])
 a1.set_xticks(range(len(columns)), columns)
 a1.set_title("learned depth weights at the query (uniform would be 1/N)")
 a2.bar(["as trained", "uniform (w = 0)"], [loss0, loss_uniform], color=["tab:blue", "tab:orange"])
-a2.set_ylabel("held-out loss (nats/token)"), a2.set_title("what the depth weights are worth")
+a2.set_ylabel("held-out loss (nats/token)"), a2.set_title("the trained depth weights taken out")
 plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Read the gap with care. It is **not** what AttnRes is worth: every other weight was trained together with
+# these depth weights and expects their mix, so taking them out breaks what the rest co-adapted to, as taking out
+# any trained part would. What AttnRes is worth is a comparison of two models, each
+# *trained* with and without it at the same compute: that is the paper's scaling-law result (lesson 4, section 5),
+# which no intervention on one trained model can measure.
 
 # %% [markdown]
 # ## 5. Truncate the context: when does the twin start to forget?

@@ -8,7 +8,7 @@ room for at least one generated token.
 from __future__ import annotations
 
 from tiny_k3.config import K3Config
-from tiny_k3.tokenizer import encode
+from tiny_k3.tokenizer import BYTES
 
 
 def max_prompt_bytes(config: K3Config) -> int:
@@ -22,11 +22,15 @@ def prompt_limit(config: K3Config) -> str:
             f"{max_prompt_bytes(config):,} bytes")
 
 
-def prompt_ids(prompt, config: K3Config) -> list[int]:
-    """The prompt's token ids (BOS first), or one ValueError that names what is wrong and what is allowed."""
+def prompt_ids(prompt, config: K3Config, tokenizer=BYTES) -> list[int]:
+    """The prompt's token ids (BOS first), or one ValueError that names what is wrong and what is allowed.
+    With a checkpoint's own BPE (sim.real) the limit counts its tokens instead of bytes."""
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("the prompt is empty; give at least one character to start from.")
-    ids = encode(prompt)
+    ids = tokenizer.encode(prompt)
     if len(ids) - 1 > max_prompt_bytes(config):
-        raise ValueError(f"the prompt is {len(ids) - 1:,} bytes but {prompt_limit(config)}.")
+        limit = prompt_limit(config)
+        if tokenizer is not BYTES:
+            limit = limit.rsplit(" bytes", 1)[0] + " tokens"
+        raise ValueError(f"the prompt is {len(ids) - 1:,} {'bytes' if tokenizer is BYTES else 'tokens'} but {limit}.")
     return ids

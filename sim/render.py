@@ -399,9 +399,11 @@ def memory_table(frame: Frame, config: K3Config, bar_width: int = 0) -> Table:
 # ---------------------------------------------------------------------------- tokens
 
 
-def top_tokens(frame: Frame) -> list[tuple[str, float]]:
-    """The frame's most likely next tokens as (label, probability), most likely first."""
-    return [(token_text(i), p) for i, p in zip(frame.top_ids.tolist(), frame.top_probs.tolist())]
+def top_tokens(frame: Frame, tokenizer=None) -> list[tuple[str, float]]:
+    """The frame's most likely next tokens as (label, probability), most likely first. tokenizer: the run's own
+    (a real checkpoint's BPE, sim.real); bytes by default."""
+    label = token_text if tokenizer is None else tokenizer.token_text
+    return [(label(i), p) for i, p in zip(frame.top_ids.tolist(), frame.top_probs.tolist())]
 
 
 def timeline_text(frames: list[Frame], prompt_len: int, step: int, visited: int, width: int) -> Text:

@@ -45,6 +45,9 @@ SOLVED = {
     checks.check_ablated_route: solutions.ablated_route,
     checks.check_kl: solutions.kl,
     checks.check_reset_head: solutions.reset_head,
+    checks.check_weighted_loss: solutions.weighted_loss,
+    checks.check_lr_at: solutions.lr_at,
+    checks.check_wilson_interval: solutions.wilson_interval,
 }
 
 
@@ -529,6 +532,57 @@ def test_num_sources_mistakes_are_named():
 
     fails_with(checks.check_num_sources, no_partial, "forgot the partial sum")
     fails_with(checks.check_num_sources, full, "Full AttnRes")
+
+
+# ---------------------------------------------------------------------------- lesson 8
+
+
+def test_weighted_loss_mistakes_are_named():
+    def ce(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: ce(lg, t).mean(), "plain mean", "Σ w·ce / Σ w")
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: (ce(lg, t) * w.reshape(-1)).mean(), "number of positions")
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: (ce(lg, t) * w.reshape(-1)).sum(), "weighted sum")
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: "loss", "should be a number")
+
+
+def test_lr_at_mistakes_are_named():
+    def from_zero(step, steps, lr, warmup):
+        return lr * step / warmup if step < warmup else solutions.lr_at(step, steps, lr, warmup)
+
+    def to_zero(step, steps, lr, warmup):
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    def progress_from_zero(step, steps, lr, warmup):
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
+
+    fails_with(checks.check_lr_at, from_zero, "starts at 0", "(step + 1)")
+    fails_with(checks.check_lr_at, to_zero, "decays to 0", "lr / 10")
+    fails_with(checks.check_lr_at, progress_from_zero, "end of the warm-up")
+
+
+def test_wilson_interval_mistakes_are_named():
+    def wald(hits, n, z=1.96):
+        p = hits / n
+        half = z * math.sqrt(p * (1 - p) / n)
+        return max(0.0, p - half), min(1.0, p + half)
+
+    def no_floor(hits, n, z=1.96):
+        p = hits / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n)
+        return max(0.0, centre - half), min(1.0, centre + half)
+
+    fails_with(checks.check_wilson_interval, wald, "Wald", "single point")
+    fails_with(checks.check_wilson_interval, no_floor, "z²/(4n²)")
+    fails_with(checks.check_wilson_interval, lambda h, n, z=1.96: solutions.wilson_interval(h, n)[::-1],
+               "low is above your high")
+    fails_with(checks.check_wilson_interval, lambda h, n, z=1.96: h / n, "Return two numbers")
 
 
 # ---------------------------------------------------------------------------- workshop helpers

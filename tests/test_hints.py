@@ -101,6 +101,14 @@ def test_every_exercise_has_three_different_rungs(ex):
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda e: e.number)
+def test_hint_prints_each_rung_with_its_place_on_the_ladder(ex, capsys):
+    for level, rung in enumerate(ex.hints, start=1):
+        checks.hint(ex.number, level)
+        out = capsys.readouterr().out
+        assert out.startswith(f"hint {level}/{len(ex.hints)} for exercise {ex.number}") and rung in out, out
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=lambda e: e.number)
 def test_no_rung_before_the_last_shows_the_solutions_code(ex):
     pieces = solution_pieces(getattr(solutions, ex.solution))
     assert pieces, f"lessons/solutions has no code for {ex.solution}"

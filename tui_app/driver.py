@@ -148,6 +148,8 @@ class WhatIfJob:
 
 def weights_label(sim: Simulation, fallback: str | None = None) -> str:
     """The status line's account of the weights actually in the model."""
+    if getattr(sim, "read_only_reason", None):      # a run streamed from a released checkpoint (sim.runfile)
+        return f"{sim.weights}, read-only"
     if sim.weights == "trained":
         return f"trained checkpoint {sim.config.name}.safetensors"
     label = f"random init, seed {sim.seed}"
@@ -255,7 +257,7 @@ class Driver:
         self.step = self.goal = loaded.step
         # the whole prompt counts as seen: a run saved inside its prompt reopens with the prompt's tail shown
         self.visited = min(max(loaded.step, loaded.sim.prompt_len - 1), last)
-        self.end_reason = None
+        self.end_reason = getattr(loaded.sim, "read_only_reason", None)   # a read-only run never grows
         return True
 
     def fail_load(self, ticket: LoadTicket) -> bool:
@@ -352,6 +354,8 @@ class Driver:
         other job is in flight. Raises ValueError (one sentence) for a change that does not fit the preset."""
         if self.sim is None:
             raise ValueError("nothing is loaded yet, so there is no token to change; wait for the load.")
+        if getattr(self.sim, "read_only_reason", None):
+            raise ValueError(self.sim.read_only_reason)
         changes = check_changes(changes, self.sim.config)
         self.cancel_what_if()
         steps = max(1, min(steps, self.sim.config.max_seq_len - self.step))

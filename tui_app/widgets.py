@@ -25,7 +25,8 @@ class Timeline(Static):
         sim, f = view.sim, view.frame
         self.update(render.timeline_text(sim.frames, sim.prompt_len, view.step, visited,
                                          max(self.app.size.width - 4, 20)), layout=False)
-        tops = "  ".join(f"{quoted(text)} {p:.3f}" for text, p in render.top_tokens(f))
+        labelled = render.top_tokens(f, getattr(sim, "tokenizer", None))     # a real run labels with its own BPE
+        tops = "  ".join(f"{quoted(text)} {p:.3f}" for text, p in labelled)
         prompt = " (prompt)" if view.step < sim.prompt_len - 1 else ""
         self.border_subtitle = (f"step {view.step} · position {f.position} · input {quoted(f.input_text)} → "
                                 f"{quoted(f.token_text)}{prompt} · next: {tops}")

@@ -32,6 +32,9 @@ One module per lesson (lessonN.py), shared helpers and the registry in _common.p
     7.1 check_ablated_route    routing with an ablated expert
     7.2 check_kl               KL between the original's and the what-if's prediction
     7.3 check_reset_head       wiping one KDA head's state and conv tail
+    8.1 check_weighted_loss    the weighted next-byte loss of a training step
+    8.2 check_lr_at            the learning-rate schedule: warm-up, cosine, floor
+    8.3 check_wilson_interval  the 95 % interval of a measured recall
 """
 
 from ._common import EXERCISES, Exercise, ExerciseError, find_exercise, hint
@@ -43,6 +46,7 @@ from .lesson4 import check_block_sources, check_depth_attention
 from .lesson5 import check_ep_bytes, check_mxfp4_bytes, check_release_bytes
 from .lesson6 import check_num_sources, check_sublayer_order
 from .lesson7 import check_ablated_route, check_kl, check_reset_head
+from .lesson8 import check_lr_at, check_weighted_loss, check_wilson_interval
 
 ALL_CHECKS = [ex.check for ex in EXERCISES.values()]     # in lesson order
 
@@ -52,4 +56,5 @@ __all__ = ["ALL_CHECKS", "EXERCISES", "Exercise", "ExerciseError", "find_exercis
            "check_mla_cache_bytes", "check_kda_state_bytes", "check_depth_attention", "check_block_sources",
            "check_mxfp4_bytes",
            "check_release_bytes", "check_ep_bytes", "check_sublayer_order", "check_num_sources",
-           "check_ablated_route", "check_kl", "check_reset_head"]
+           "check_ablated_route", "check_kl", "check_reset_head", "check_weighted_loss", "check_lr_at",
+           "check_wilson_interval"]

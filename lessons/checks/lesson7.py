@@ -123,10 +123,15 @@ def check_kl(fn) -> None:
     for p, q in cases:
         want = kl_divergence(p.numpy(), q.numpy())
         got = _call(fn, (p.clone(), q.clone()), f"p_logits {_fmt(p)}, q_logits {_fmt(q)}")
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            raise ExerciseError(f"Return one number (a float), got {type(got).__name__}.") from None
+        if isinstance(got, torch.Tensor) or type(got).__module__ == "numpy" and not isinstance(got, float):
+            shape = list(getattr(got, "shape", ()))
+            raise ExerciseError(f"You returned a {type(got).__module__}.{type(got).__name__} of shape {shape}; the "
+                                "spec asks for a plain Python float. A tensor still carries its dtype and device (and "
+                                "float() of a 1-element tensor hides a wrong shape): finish with .item() on the "
+                                "summed, 0-d result.")
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise ExerciseError(f"Return one number (a float), got {type(got).__name__}.")
+        got = float(got)
         if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
             continue
         lp, lq = torch.log_softmax(p, -1), torch.log_softmax(q, -1)

@@ -13,7 +13,8 @@ from .lesson4 import block_sources, depth_attention
 from .lesson5 import ep_bytes, mxfp4_bytes, release_bytes
 from .lesson6 import num_sources, sublayer_order
 from .lesson7 import ablated_route, kl, reset_head
+from .lesson8 import lr_at, weighted_loss, wilson_interval
 
 __all__ = ["causal_attention", "decode_step", "kv_cache_bytes", "route", "active_params", "bias_update", "kda_step", "kda_gate", "read_weights", "mla_cache_bytes",
            "kda_state_bytes", "depth_attention", "block_sources", "mxfp4_bytes", "release_bytes", "ep_bytes", "sublayer_order",
-           "num_sources", "ablated_route", "kl", "reset_head"]
+           "num_sources", "ablated_route", "kl", "reset_head", "weighted_loss", "lr_at", "wilson_interval"]
