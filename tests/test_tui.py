@@ -351,6 +351,19 @@ async def test_too_small_then_recovery():
 
 
 @sync
+async def test_panels_draw_at_the_width_their_scrollbars_leave():
+    """A vertical scrollbar that comes or goes redraws the panel at the width left, so no panel keeps lines
+    of the old width (a stray horizontal scrollbar, a row of content hidden under it)."""
+    app = make_app()
+    async with app.run_test(size=(FULL_WIDTH, FULL_HEIGHT)) as pilot:
+        await settle(pilot)
+        for name, panel in app._panels.items():
+            region = panel.scrollable_content_region
+            assert panel.virtual_size.width == region.width and not panel.show_horizontal_scrollbar, name
+            assert panel.show_vertical_scrollbar == (panel.virtual_size.height > region.height), name
+
+
+@sync
 async def test_panels_redraw_on_unzoom():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

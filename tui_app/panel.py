@@ -157,6 +157,11 @@ class Panel(ScrollView):
     def on_resize(self) -> None:
         self.show(*self._shown)
 
+    def watch_show_vertical_scrollbar(self) -> None:
+        """A vertical scrollbar that comes or goes changes the width the lines fit: draw them again at the new
+        width (the key holds it), or lines drawn for the old one would leave a stray horizontal scrollbar."""
+        self.call_after_refresh(self.on_resize)
+
     # Each panel says what it shows (Routing-, State-, Memory-, DepthPanel): Panel itself is never mounted.
     def key(self, view: View) -> tuple:  # pragma: no cover - every panel defines it
         """What this panel's picture depends on: an equal key means nothing to redraw."""
