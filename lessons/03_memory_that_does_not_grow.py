@@ -439,11 +439,13 @@ for name, what in MODELS.items():
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.4))
 for (name, what), style in zip(MODELS.items(), ("k-o", "--s", ":^")):
-    a1.plot(PAIRS, [100 * a for a in recall[name]], style, lw=2, ms=7, label=f"{name} ({what})")
-    a1.fill_between(PAIRS, [100 * lo for lo, _ in interval[name]], [100 * hi for _, hi in interval[name]], alpha=0.15)
+    line, = a1.plot(PAIRS, [100 * a for a in recall[name]], style, lw=2, ms=7, label=f"{name} ({what})")
+    a1.fill_between(PAIRS, [100 * lo for lo, _ in interval[name]], [100 * hi for _, hi in interval[name]],
+                    color=line.get_color(), alpha=0.15, lw=0)     # the band in its line's colour: Wilson 95 %
     a2.plot(PAIRS, [b / 1000 for b in held[name]], style, lw=2, ms=7, label=f"{name} ({what})")
 a1.axhline(100 * CHANCE, color="grey", lw=1, ls=":", label="chance (10 %)")
-a1.set_ylim(0, 105), a1.set_ylabel("values recalled exactly (%)"), a1.set_title("in-context recall")
+a1.set_ylim(0, 105), a1.set_ylabel("values recalled exactly (%)")
+a1.set_title("in-context recall (bands: Wilson 95 %)")
 a2.set_ylim(0, None), a2.set_ylabel("decode cache at the first query (KB)")
 a2.set_title("what each model holds to do it")
 for ax in (a1, a2):

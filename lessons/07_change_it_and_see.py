@@ -301,12 +301,13 @@ print(f"without the bias a token keeps {kept:.0%} of its {k} experts on average 
       f"token-layers); of the experts it gets instead, {percent_ci(round(rare * len(new_picks)), len(new_picks))} "
       "took at most one token of this text with the bias on")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
 x = np.arange(len(layers))
 a1.bar(x - 0.2, facts["balance_before"], 0.4, label="with bias (as trained)")
 a1.bar(x + 0.2, facts["balance_after"], 0.4, label="no bias")
 a1.set_xticks(x, [f"L{layer}" for layer in layers]), a1.set_xlabel("MoE layer"), a1.set_ylabel("max load / mean load")
-a1.legend(), a1.set_title("load balance")
+a1.set_ylim(0, 1.3 * max(facts["balance_after"])), a1.legend(loc="upper left", ncol=2)   # above the bars
+a1.set_title("load balance")
 for load, label in ((load0[LAYER], "with bias"), (load1[LAYER], "no bias")):
     a2.plot(np.sort(load.numpy())[::-1], label=label)
 a2.set_yscale("symlog"), a2.set_xlabel(f"experts of L{LAYER}, busiest first"), a2.set_ylabel("tokens routed")
