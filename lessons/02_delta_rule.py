@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from checks import check_kda_gate, check_kda_step, check_read_weights, hint  # noqa: F401  (hint: for you)
+from figures import percent_ci
 from workshop import (exercise, expected_answer, heatmap, integer_ticks, load_model, plt, step_slider, trace,
                       try_exercise, weights_note)
 from tiny_k3 import DEFAULT_PROMPT, K3Config
@@ -418,8 +419,9 @@ heads_seen = [r[1] for r in rows]
 common = max(set(heads_seen), key=heads_seen.count)
 facts.update(lines_right=sum(r[0] for r in rows), lines=len(rows), common_head=list(common),
              common_head_count=heads_seen.count(common), mean_best_cosine=float(np.mean([r[2] for r in rows])))
-print(f"\n{facts['lines_right']} of {len(rows)} answers right; head L{common[0]} h{common[1]} is the best match in "
-      f"{facts['common_head_count']} of {len(rows)} lines; mean best cosine {facts['mean_best_cosine']:.2f}")
+print(f"\nanswers right: {percent_ci(facts['lines_right'], len(rows))}; head L{common[0]} h{common[1]} is the best "
+      f"match in {percent_ci(facts['common_head_count'], len(rows))} of the lines; mean best cosine "
+      f"{facts['mean_best_cosine']:.2f} (eight lines: the intervals are wide, read them before the rates)")
 
 # %% [markdown]
 # Read the cosines with the printed verdicts. A read that matches a write made at the definition, across the

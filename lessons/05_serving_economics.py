@@ -30,7 +30,7 @@
 # %%
 import numpy as np
 
-from checks import check_ep_bytes, check_mxfp4_bytes, check_release_bytes, hint  # noqa: F401  (hint: for you)
+from checks import check_decode_roofline, check_ep_bytes, check_mxfp4_bytes, check_release_bytes, hint  # noqa: F401  (hint: for you)
 from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
 from sim.costs import (GPU_MEMORY, K3_PRICES, SCHEMES, api_price, expected_destinations, ep_traffic,
                        ep_traffic_for, flops_per_token, k2_parameters, serving_model, packed_bytes, weight_bytes)
@@ -374,6 +374,23 @@ def my_ep_bytes(config):
 
 
 try_exercise(check_ep_bytes, my_ep_bytes)
+
+# %% [markdown]
+# ### Exercise 5.4 — the roofline of one decode step (★★☆, about 12 min)
+# A step is over when the slower of two things is done: reading its bytes at the memory bandwidth, and doing
+# its FLOPs at the peak. Count both for one decode step of a batch — what is read once for all, what once per
+# sequence — and say which bound wins. Then try it on a machine of your own: its ridge, peak / bandwidth in FLOP
+# per byte, is the intensity above which a step turns compute-bound.
+
+# %% tags=["exercise"]
+@exercise("decode_roofline")
+def my_decode_roofline(model, batch, context, flops_per_sequence, bandwidth, peak_flops):
+    """model: sim.costs.ServingModel; -> {"bytes": float, "flops": float, "bound": "memory" | "compute"}."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_decode_roofline, my_decode_roofline)
 
 # %% [markdown]
 # **Take-away.** K3's memory bill is its 1.56 TB of weights (MXFP4 experts, BF16 rest) plus the cache; its

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from checks import check_ablated_route, check_kl, check_reset_head, hint  # noqa: F401  (hint: for you)
-from figures import depth_grid
+from figures import depth_grid, percent_ci
 from workshop import exercise, heatmap, integer_ticks, plt, step_slider, try_exercise
 from sim import Simulation
 from sim.interventions import (AblateExpert, NoSelectionBias, ResetState, TruncateContext, UniformDepth,
@@ -181,12 +181,15 @@ drop = {n: share["intact"][n] - share["MLA blind"][n] for n in MANY}
 facts["mla_blind_drop"] = drop
 carried = drop[26] >= 0.2 and drop[2] <= 0.05
 facts["mla_carries_many_pairs"] = carried
-print("• " + (f"at many pairs the MLA layers carry recall: blinding them costs {drop[26]:.0%} at 26 pairs but only "
-              f"{drop[2]:.0%} at 2, where the KDA states hold it"
+ci = lambda cut, n: percent_ci(*many[cut][n])  # noqa: E731   (hits, answers): rate, Wilson 95 %, n
+print("• " + (f"at many pairs the MLA layers carry recall: blinding them costs {drop[26]:.0%} at 26 pairs "
+              f"({ci('intact', 26)} -> {ci('MLA blind', 26)}) but only {drop[2]:.0%} at 2 "
+              f"({ci('intact', 2)} -> {ci('MLA blind', 2)}), where the KDA states hold it"
               if carried else
               f"in this checkpoint the MLA layers carry little recall even at many pairs: blinding them changes "
-              f"exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[26])} at 26, while a "
-              f"KDA reset sends it to {share['KDA reset'][26]:.0%} at 26. Its KDA layers learned the look-up first "
+              f"exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[26])} at 26 (intact "
+              f"{ci('intact', 26)}, blind {ci('MLA blind', 26)}), while a KDA reset sends it to "
+              f"{ci('KDA reset', 26)} at 26. Its KDA layers learned the look-up first "
               "and its attention never had to: what K3 keeps MLA for is not what this toy's training rewarded"))
 
 # %% [markdown]
@@ -237,8 +240,8 @@ took = [e for a, b in zip(ids0[LAYER][hit], ids_ablate[LAYER][hit]) for e in set
 heir, heir_n = (int(np.bincount(took).argmax()), int(np.bincount(took).max())) if took else (None, 0)
 facts.update(ablated=top, ablated_tokens=int(hit.sum()), loss=loss0, loss_ablate=loss_ablate, heir=heir,
              heir_tokens=heir_n, ablated_never_chosen=not bool((ids_ablate[LAYER] == top).any()))
-print(f"layer {LAYER}: expert {top} took {int(hit.sum())} of {text_ids.shape[1]} tokens "
-      f"({int(hit.sum()) / text_ids.shape[1]:.0%}; the mean expert takes {cfg.top_k / cfg.num_experts:.1%})")
+print(f"layer {LAYER}: expert {top} took {percent_ci(int(hit.sum()), text_ids.shape[1])} of the tokens "
+      f"(the mean expert takes k / N = {cfg.top_k / cfg.num_experts:.1%})")
 print(f"loss {loss0:.4f} -> {loss_ablate:.4f} nats/token (Δ {loss_ablate - loss0:+.5f}); chosen after the "
       f"ablation: never ({facts['ablated_never_chosen']})")
 print(f"its tokens went to {len(set(took))} different experts; the most common heir, expert {heir}, took {heir_n}")
@@ -294,15 +297,17 @@ new_layers = [layer for layer in layers for a, b in zip(ids0[layer], ids_nobias[
 rare = np.mean([int(load0[layer][e]) <= 1 for layer, e in zip(new_layers, new_picks)]) if new_picks else 0.0
 facts.update(nobias_kept_share=float(kept), nobias_new_to_rare=float(rare))
 assert loss_nobias > loss0, "switching off the bias changes which experts run, so the output (and loss) changes"
-print(f"without the bias a token keeps {kept:.0%} of its {k} experts on average; of the experts it gets instead, "
-      f"{rare:.0%} took at most one token of this text with the bias on (over {len(new_picks):,} swaps)")
+print(f"without the bias a token keeps {kept:.0%} of its {k} experts on average (over {sum(map(len, ids0.values())):,} "
+      f"token-layers); of the experts it gets instead, {percent_ci(round(rare * len(new_picks)), len(new_picks))} "
+      "took at most one token of this text with the bias on")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
 x = np.arange(len(layers))
 a1.bar(x - 0.2, facts["balance_before"], 0.4, label="with bias (as trained)")
 a1.bar(x + 0.2, facts["balance_after"], 0.4, label="no bias")
 a1.set_xticks(x, [f"L{layer}" for layer in layers]), a1.set_xlabel("MoE layer"), a1.set_ylabel("max load / mean load")
-a1.legend(), a1.set_title("load balance")
+a1.set_ylim(0, 1.3 * max(facts["balance_after"])), a1.legend(loc="upper left", ncol=2)   # above the bars
+a1.set_title("load balance")
 for load, label in ((load0[LAYER], "with bias"), (load1[LAYER], "no bias")):
     a2.plot(np.sort(load.numpy())[::-1], label=label)
 a2.set_yscale("symlog"), a2.set_xlabel(f"experts of L{LAYER}, busiest first"), a2.set_ylabel("tokens routed")

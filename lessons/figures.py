@@ -8,6 +8,8 @@
     bar_labels(ax, bars, fmt)     the value on top of each bar (for bars that differ by orders of magnitude)
     log_points(ax, labels, values) values on a log axis as points with their labels: a bar on a log axis starts
                                   at an arbitrary edge, so its length means nothing
+    percent_ci(hits, n)           "61% [54–67 %, n = 208]": an empirical rate with its Wilson 95 % interval and
+                                  sample size, the way every measured percentage in the lessons is printed
 """
 
 from __future__ import annotations
@@ -89,6 +91,15 @@ def log_points(ax, labels, values, colors, fmt=lambda v: f"{v:.3g}") -> None:
     ax.set_xlim(values.min() / 3, values.max() * 6)
     ax.set_ylim(-0.6, len(values) - 0.4)
     ax.set_yticks(y, labels)
+
+
+def percent_ci(hits: int, n: int) -> str:
+    """hits / n as a percentage with its Wilson 95 % interval and the sample size (tiny_k3.recall.wilson_interval):
+    a measured rate means little without both, and near 0 % or 100 % the interval is far from symmetric."""
+    from tiny_k3.recall import wilson_interval
+
+    low, high = wilson_interval(int(hits), int(n))
+    return f"{hits / n:.0%} [{100 * low:.0f}–{100 * high:.0f} %, n = {n}]"
 
 
 def depth_grid(reads, block_size: int, num_layers: int):

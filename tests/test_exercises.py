@@ -40,6 +40,7 @@ SOLVED = {
     checks.check_mxfp4_bytes: solutions.mxfp4_bytes,
     checks.check_release_bytes: solutions.release_bytes,
     checks.check_ep_bytes: solutions.ep_bytes,
+    checks.check_decode_roofline: solutions.decode_roofline,
     checks.check_sublayer_order: solutions.sublayer_order,
     checks.check_num_sources: solutions.num_sources,
     checks.check_ablated_route: solutions.ablated_route,
@@ -502,6 +503,37 @@ def test_ep_bytes_mistakes_are_named():
 
 
 # ---------------------------------------------------------------------------- lesson 6
+
+
+def test_decode_roofline_mistakes_are_named():
+    ref = solutions.decode_roofline
+
+    def with_bytes(change):
+        return lambda m, b, t, f, bw, pk: {**ref(m, b, t, f, bw, pk), "bytes": change(m, b, t, ref(m, b, t, f, bw, pk)["bytes"])}
+
+    fails_with(checks.check_decode_roofline, with_bytes(lambda m, b, t, v: v - b * m.state_bytes), "read AND written back")
+    fails_with(checks.check_decode_roofline, with_bytes(lambda m, b, t, v: v - 2 * b * m.state_bytes), "state is missing")
+    fails_with(checks.check_decode_roofline, with_bytes(lambda m, b, t, v: v + (b - 1) * m.dense_bytes), "once per step")
+    fails_with(checks.check_decode_roofline, with_bytes(
+        lambda m, b, t, v: v - m.moe_layers * m.num_experts * (1 - (1 - m.top_k / m.num_experts) ** b) * m.expert_bytes
+        + m.moe_layers * m.num_experts * m.expert_bytes), "Not every expert")
+    fails_with(checks.check_decode_roofline, with_bytes(
+        lambda m, b, t, v: v - m.moe_layers * m.num_experts * (1 - (1 - m.top_k / m.num_experts) ** b) * m.expert_bytes
+        + m.moe_layers * b * m.top_k * m.expert_bytes), "share experts")
+    fails_with(checks.check_decode_roofline, lambda m, b, t, f, bw, pk: {**ref(m, b, t, f, bw, pk), "flops": f},
+               "its own token's FLOPs")
+    raw = lambda m, b, t, f, bw, pk: {**ref(m, b, t, f, bw, pk),  # noqa: E731
+                                      "bound": "compute" if b * f > ref(m, b, t, f, bw, pk)["bytes"] else "memory"}
+    fails_with(checks.check_decode_roofline, raw, "compare the TIMES")
+    fails_with(checks.check_decode_roofline, lambda *a: (1, 2, "memory"), 'keys "bytes", "flops" and "bound"')
+
+
+def test_decode_roofline_sees_both_bounds():
+    """The check's cases include a compute-bound step (else a function answering "memory" always would pass)."""
+    fails_with(checks.check_decode_roofline, lambda *a: {**solutions.decode_roofline(*a), "bound": "memory"},
+               "compute-bound")
+    fails_with(checks.check_decode_roofline, lambda *a: {**solutions.decode_roofline(*a), "bound": "compute"},
+               "memory-bound")
 
 
 def test_sublayer_order_mistakes_are_named():

@@ -647,3 +647,17 @@ def test_the_windows_commands_open_every_lesson():
     if "for %f in (lessons\\0*.py)" not in windows:                     # else every lesson must be named
         missing = [p.name for p in LESSONS.glob("0[0-9]_*.py") if p.name not in windows]
         assert not missing, f"the Windows command leaves out {missing}"
+
+
+def test_percent_ci_prints_the_rate_its_wilson_interval_and_n():
+    sys.path.insert(0, str(LESSONS))
+    from figures import percent_ci
+
+    from tiny_k3.recall import wilson_interval
+
+    lo, hi = wilson_interval(127, 208)
+    assert percent_ci(127, 208) == f"61% [{100 * lo:.0f}–{100 * hi:.0f} %, n = 208]" and lo < 127 / 208 < hi
+    assert percent_ci(0, 16) == f"0% [0–{100 * wilson_interval(0, 16)[1]:.0f} %, n = 16]"   # one-sided at 0 %
+    assert percent_ci(16, 16).startswith("100% [") and percent_ci(16, 16).endswith("–100 %, n = 16]")
+    with pytest.raises(ValueError):
+        percent_ci(5, 4)

@@ -27,6 +27,7 @@ One module per lesson (lessonN.py), shared helpers and the registry in _common.p
     5.1 check_mxfp4_bytes      MXFP4 bytes of a weight matrix
     5.2 check_release_bytes    K3's release checkpoint size
     5.3 check_ep_bytes         expert-parallel traffic per token
+    5.4 check_decode_roofline  bytes, FLOPs and the bound of one decode step
     6.1 check_sublayer_order   the sublayers one token passes through
     6.2 check_num_sources      how many depth sources a sublayer reads
     7.1 check_ablated_route    routing with an ablated expert
@@ -43,7 +44,7 @@ from .lesson1 import check_active_params, check_bias_update, check_route
 from .lesson2 import check_kda_gate, check_kda_step, check_read_weights
 from .lesson3 import check_kda_state_bytes, check_mla_cache_bytes
 from .lesson4 import check_block_sources, check_depth_attention
-from .lesson5 import check_ep_bytes, check_mxfp4_bytes, check_release_bytes
+from .lesson5 import check_decode_roofline, check_ep_bytes, check_mxfp4_bytes, check_release_bytes
 from .lesson6 import check_num_sources, check_sublayer_order
 from .lesson7 import check_ablated_route, check_kl, check_reset_head
 from .lesson8 import check_lr_at, check_weighted_loss, check_wilson_interval
@@ -55,6 +56,6 @@ __all__ = ["ALL_CHECKS", "EXERCISES", "Exercise", "ExerciseError", "find_exercis
            "check_active_params", "check_bias_update", "check_kda_step", "check_kda_gate", "check_read_weights",
            "check_mla_cache_bytes", "check_kda_state_bytes", "check_depth_attention", "check_block_sources",
            "check_mxfp4_bytes",
-           "check_release_bytes", "check_ep_bytes", "check_sublayer_order", "check_num_sources",
-           "check_ablated_route", "check_kl", "check_reset_head", "check_weighted_loss", "check_lr_at",
-           "check_wilson_interval"]
+           "check_release_bytes", "check_ep_bytes", "check_decode_roofline", "check_sublayer_order",
+           "check_num_sources", "check_ablated_route", "check_kl", "check_reset_head", "check_weighted_loss",
+           "check_lr_at", "check_wilson_interval"]
