@@ -271,7 +271,8 @@ class StreamedK3(nn.Module):
             if self.progress is not None:
                 self.progress(i + 1, cfg.num_layers, time.perf_counter() - t0)
         out_res, final_norm, lm_head = self._head()
-        h, weights = stream.read(out_res)
+        uniform = hooks is not None and cfg.num_layers in hooks.uniform_depth    # a what-if's UniformDepth, as TinyK3
+        h, weights = stream.read(out_res, uniform)
         recorder.record("depth", cfg.num_layers, site="out", weights=None if weights is None else detached(weights),
                         h=detached(h))
         logits = lm_head(final_norm(h))

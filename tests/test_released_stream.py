@@ -189,3 +189,22 @@ def test_the_table_of_a_synthetic_index_accounts_for_every_byte(release):
     bad = dict(index, weight_map={**index["weight_map"], "language_model.model.layers.0.extra.weight": "x"})
     with pytest.raises(ReleasedFormatError, match="outside the released layout"):
         summarize_index(bad, whole)
+
+
+def test_a_what_if_on_the_stream_is_the_what_if_on_tinyk3(release, monkeypatch):
+    from sim.interventions import AblateExpert, ResetState, UniformDepth
+    config, model, folder = release
+    real = RealSimulation(folder, PROMPT)
+    real.run(STEPS)
+    ref = reference(model, monkeypatch)
+    real.goto(len(PROMPT) + 1)
+    ref.goto(len(PROMPT) + 1)
+    chosen = int(real.frame.routing[0].expert_ids[0])
+    for changes in ((), (UniformDepth(),), (ResetState(),), (AblateExpert(config.moe_layers[0], chosen),)):
+        a, b = real.what_if(*changes, steps=2), ref.what_if(*changes, steps=2)
+        np.testing.assert_allclose(a.kl, b.kl, rtol=1e-3, atol=1e-7)
+        for fa, fb in zip(a.frames, b.frames, strict=True):
+            assert fa.token_id == fb.token_id
+            assert all(np.array_equal(ra.expert_ids, rb.expert_ids) for ra, rb in zip(fa.routing, fb.routing))
+    assert chosen not in real.what_if(AblateExpert(config.moe_layers[0], chosen)).frames[0].routing[0].expert_ids
+    assert real.what_if().kl[0] == 0                                  # no change is the original exactly
