@@ -326,7 +326,7 @@ plt.tight_layout(); plt.show()
 # experts it gets instead hardly ever saw such a token. "No effect on the output" holds for the weights of a
 # given choice, not for the choice.
 #
-# ## 4. Uniform depth weights: what AttnRes had learned
+# ## 4. Uniform depth weights: take the trained ones out
 #
 # `UniformDepth()` sets every Attention Residuals query to zero: each sublayer reads the plain mean of
 # its sources, the standard-residual picture AttnRes starts from (lesson 4). Left, the learned weights at
@@ -439,6 +439,8 @@ try_exercise(check_reset_head, my_reset_head)
 
 # %% [markdown]
 # **Take-away.** Break one mechanism at a time and the model tells you what it was for: the selection
-# bias spreads the load, the depth weights carry much of what training learned, a single expert of 896
-# hardly matters, and this hybrid keeps its memory in its KDA states far more than in its MLA caches.
+# bias spreads the load and, since it decides who runs, moves the loss too; the rest of the network was
+# trained around its depth weights and breaks without them (co-adaptation: AttnRes's own worth takes two
+# trainings to measure); a single expert of 896 hardly matters; and where this hybrid keeps its memory is
+# printed in section 1 (its KDA states or its MLA caches), measured, not assumed.
 # In the TUI, press `x` on a panel to ask the same questions of the frame you are looking at.

@@ -394,6 +394,9 @@ def test_lesson5_facts(executed):
                                       (100_000, "turn_batch_limit", "turn_curve_max")):
         assert f[curve_key] == f[limit_key] == serve("K3", "16xH200", None, ctx).fitting_batch, (ctx, f)
     assert f["batch_limit_128K"] < 1024
+    # the roofline after exercise 5.4: batch 1 is memory-bound, and once a batch passes the ridge, larger ones stay past it
+    bounds = list(f["roofline_bounds"].values())
+    assert bounds[0] == "memory" and bounds == sorted(bounds, key=lambda b: b == "compute"), f["roofline_bounds"]
     # "the weights read grow with the experts the batch touches"
     assert f["weights_read"]["64"] > 5 * f["weights_read"]["1"], f["weights_read"]
 
