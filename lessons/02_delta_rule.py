@@ -326,7 +326,10 @@ from tiny_k3.tokenizer import decode  # noqa: E402
 
 query_at = recall_query_positions(prompt)[-1]
 moment = recall_moment(model, ids, query_at)
-rq, best = moment.query, moment.best_head
+rq = moment.query
+best = moment.reading_head or moment.best_head      # the head the simulator names; the best-ranked one if it names none
+if moment.reading_head is None:
+    print(f"the simulator names no reading head here: {moment.why_no_head}; below is the best-ranked head")
 defined = list(rq.defined_at)
 
 
@@ -347,7 +350,8 @@ cosine = cos_by_layer[best.layer][best.head]                                    
 outside = [d for d in range(query_at) if d not in defined]                      # the query's own write left out
 peak_at = int(np.argmax(cosine[:query_at]))
 top = moment.top_moves(3)
-facts.update(recall_prompt=prompt, recall_value=rq.value, recall_predicted=moment.predicted,
+facts.update(reading_head=None if moment.reading_head is None else [best.layer, best.head],
+             recall_prompt=prompt, recall_value=rq.value, recall_predicted=moment.predicted,
              recall_right=moment.predicted == rq.value, best_head=[best.layer, best.head],
              best_cosine=best.cosine, best_written_at=best.written_at, defined_at=defined,
              cosine_peak_at=peak_at, peak_in_definition=peak_at in defined,

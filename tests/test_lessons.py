@@ -280,6 +280,9 @@ def test_lesson2_facts(executed):
     assert f["conv_steps_vs_once"] < 1e-5 and f["conv_tail_is_last_inputs"] is True, f
     # section 6, the recall moment: the lesson's replay of the decode trace is recall_moment's full pass
     assert f["replay_matches_moment"] is True, f
+    # the head the lesson shows is the one the simulator names (issue 25: it reads the value back); on the
+    # shipped small at the default prompt that is layer 0, head 1 (the independent replay's finding)
+    assert f["reading_head"] == f["best_head"] == [0, 1], f
     assert f["best_written_at"] in f["defined_at"] and -1 <= f["best_cosine"] <= 1, f
     assert f["recall_right"] == (f["recall_predicted"] == f["recall_value"]), f
     # "no token outside the definition matches it as well" / "... outside the definition matches it better"

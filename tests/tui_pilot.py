@@ -36,11 +36,21 @@ async def settle(pilot, timeout: float = 120.0) -> None:
     calm = 0
     deadline = time.monotonic() + timeout
     while calm < 2:
-        assert time.monotonic() < deadline, "the app did not settle"
+        assert time.monotonic() < deadline, f"the app did not settle: {unsettled(app)}"
         await pilot.pause()
         calm = calm + 1 if app.idle and app.sim is not None else 0
         await asyncio.sleep(0.01)
     await pilot.pause()
+
+
+def unsettled(app) -> str:
+    """Which of the app's idle conditions still holds (what `settle` waits for), for its failure message."""
+    d = app.driver
+    named = {"a job runs": d.busy, "a load is open": d.loading is not None, "a what-if is open": d.whatif is not None,
+             "a step is wanted": d.wants_step(), "a recall moment is wanted": d.wants_recall(),
+             "a redraw is pending": app._redraw_pending, "a pump is pending": app._pump_pending,
+             "no simulation": app.sim is None}
+    return ", ".join(name for name, holds in named.items() if holds) or "nothing (it settled as the time ran out)"
 
 
 def sync(test):
