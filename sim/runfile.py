@@ -6,7 +6,8 @@
 
 Format (version 1): one uncompressed-by-default numpy .npz archive, read with `allow_pickle=False`, so
 nothing in it is ever unpickled. Member "meta.json" holds UTF-8 JSON (format name, version, preset and its
-config, prompt, seeds, temperature, weights and their id, cursor, the record layout of a frame); every
+config, prompt, seeds, temperature, weights and their id, cursor, the record layout of a frame, and
+"prefill": whether the prompt was recorded from batched forwards; absent in older files, which were stepped); every
 other member is one array over all F frames, named "<record>.<field>":
 
     frame.*       index, position, input_id, token_id, forced, step_ms, twin_step_ms, embed_norm [F]
@@ -121,6 +122,7 @@ def save(sim: Simulation, path, cursor: int | None = None) -> Path:
         "config": dataclasses.asdict(sim.config), "prompt": sim.prompt, "seed": sim.seed,
         "sample_seed": sim.sample_seed, "temperature": sim.temperature, "weights": sim.weights,
         "weights_id": weights_id(sim), "twin": sim.twin_model is not None, "prompt_len": sim.prompt_len,
+        "prefill": bool(getattr(sim, "prefilled", False)),
         "cursor": int(cursor), "frames": len(frames), **layout,
     }
     members = {"meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8), **_arrays(frames)}
@@ -209,7 +211,8 @@ def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:
                          f"`python -m sim real`.")
     total = len(saved)
     sim = Simulation(meta["preset"], meta["prompt"], seed=meta["seed"], device=device, weights=meta["weights"],
-                     twin=meta["twin"], progress=None if progress is None else (lambda done, _: progress(done, total)))
+                     twin=meta["twin"], progress=None if progress is None else (lambda done, _: progress(done, total)),
+                     prefill=meta.get("prefill", False))   # files from before the batched prefill were stepped
     if weights_id(sim) != meta["weights_id"]:
         raise ValueError(f"{name} was recorded with weights '{meta['weights_id']}' but this installation has "
                          f"'{weights_id(sim)}', so its frames cannot be reproduced.")

@@ -5,8 +5,10 @@
     sim.back(); sim.step(force_token="9")   # branch: a different choice from the saved decode state
 
 Timeline rule: frame i processes the input token at position i; `frame.token_id` is the token that follows
-it (the next prompt token, or the one chosen from frame i's logits). The prompt is fed one token at a time
-through the real cached decode path, so every token, prompt or generated, has its Frame.
+it (the next prompt token, or the one chosen from frame i's logits). Every token, prompt or generated, has its
+Frame. The prompt but its last token goes through the model 64 tokens a forward and is recorded per token from
+those batched forwards (sim/prefill.py: the same frames to float rounding, tested); its last token, and with
+prefill=False every token, is one step of the cached decode path, as every generated token is.
 
 Beside the hybrid runs its softmax twin (`config.twin()`: every attention layer gated MLA), teacher-forced
 on the same tokens, so every Frame carries both models' measured cache bytes and step times.
@@ -36,10 +38,12 @@ from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import EOS, decode, encode, token_text
 from tiny_k3.weights import config_for
 
-from .frame import Choice, Frame, MemoryRecord, SublayerView
+from .frame import Choice, Frame, SublayerView
 from .memory import non_negative_int
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
-from .recorder import FrameRecorder
+from .prefill import memory_record, run_segment, segment_snapshots, segments
+from .recorder import FrameRecorder, StepRecord, Tee
+from .sampling import generator_seed, sample_token, top_tokens  # noqa: F401  (sim.session.sample_token)
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
@@ -47,53 +51,6 @@ RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost
 KEYFRAME_EVERY = KDA_CHAIN  # a snapshot every 64 tokens keeps its KDA states whole: the frames' states are
                             # recomputed from it (sim/framestore.py); the others keep the conv tails and
                             # recompute S from their frame when a branch restores them
-
-
-# ---------------------------------------------------------------------------- sampling
-
-
-def generator_seed(seed: int, position: int) -> int:
-    """A 63-bit seed from (seed, position), the same on every machine and run (unlike Python's hash())."""
-    state = np.random.SeedSequence([seed % (1 << 64), position]).generate_state(1, dtype=np.uint64)[0]
-    return int(state) & ((1 << 63) - 1)
-
-
-def sample_token(logits: np.ndarray, temperature: float, seed: int, position: int) -> int:
-    """logits [vocab] -> one token id: argmax at temperature 0, else a draw from softmax(logits / T).
-
-    The draw is an inverse-CDF lookup of one uniform from torch.Generator(seed from (seed, position)),
-    computed in float64 numpy, so it is reproducible and independent of the model's device.
-    """
-    if temperature == 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    cdf = np.cumsum(p)
-    u = torch.rand((), generator=torch.Generator().manual_seed(generator_seed(seed, position)),
-                   dtype=torch.float64).item()
-    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
-
-
-def top_tokens(logits: np.ndarray, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """The n most likely next tokens under softmax(logits) (temperature 1): (ids int64, probs float32)."""
-    z = logits.astype(np.float64)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    ids = np.argsort(-p, kind="stable")[:n]
-    top_ids, top_probs = ids.astype(np.int64), p[ids].astype(np.float32)
-    top_ids.flags.writeable = top_probs.flags.writeable = False
-    return top_ids, top_probs
-
-
-class _Tee(Recorder):
-    """Hands every event to two recorders (a Frame's and a what-if's), in order."""
-
-    def __init__(self, first: Recorder, second: Recorder):
-        self.first, self.second = first, second
-
-    def record(self, event: str, layer: int, **data) -> None:
-        self.first.record(event, layer, **data)
-        self.second.record(event, layer, **data)
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -146,9 +103,10 @@ class Simulation:
 
     def __init__(self, preset: str | K3Config = DEFAULT_PRESET, prompt: str = DEFAULT_PROMPT, *, seed: int = 0,
                  device: str | None = "cpu", temperature: float = 0.0, weights: str = "auto", twin: bool = True,
-                 progress=None):
-        """progress(done, total), if given, is called after each prompt token; whatever it raises abandons the
-        build (a front end's cancel: the TUI stops a long k3-topo prefill between tokens)."""
+                 progress=None, prefill: bool = True):
+        """progress(done, total), if given, is called for each prompt token as it is recorded; whatever it raises
+        abandons the build (a front end's cancel: the TUI stops a long k3-topo prefill between segments).
+        prefill: record the prompt from batched forwards (sim/prefill.py); False: one decode step a token."""
         self.config = _resolve_config(preset)
         self.twin_config = self.config.twin()
         self.seed = non_negative_int(seed, "seed")
@@ -178,10 +136,11 @@ class Simulation:
         self._kda_links = KDALinks()                 # frames' KDA states are recomputed from the step before
         self._off_timeline_links = KDALinks()        # ... and a what-if's from its own step before
         self._ints: dict[int, int] = {}
-        for i, tok in enumerate(ids):
-            choice = (Choice.forced(ids[i + 1]) if i + 1 < len(ids)
-                      else Choice.sampled(self.temperature, self.sample_seed))
-            self._advance(tok, choice, prompt=True)
+        self.prefilled = bool(prefill)               # how the prompt was recorded (a run file replays it so)
+        if self.prefilled:
+            self._prefill(ids, progress)
+        for i in range(len(self._frames), len(ids)):   # (stepping: all of them)
+            self._advance(ids[i], self._prompt_choice(ids, i), prompt=True)
             if progress is not None:
                 progress(i + 1, len(ids))
         self.prompt_len = len(ids)
@@ -372,6 +331,35 @@ class Simulation:
             raise ValueError(f"force_token must be a token id in [0, {vocab}), got {t}.")
         return t
 
+    prefilled = False   # (a subclass that builds its own timeline, sim/real.py, steps its prompt)
+
+    def _prompt_choice(self, ids: list[int], i: int) -> Choice:
+        """Prompt frame i's choice: the next prompt token, or after the last one a sample as step() makes."""
+        return Choice.forced(ids[i + 1]) if i + 1 < len(ids) else Choice.sampled(self.temperature, self.sample_seed)
+
+    @torch.no_grad()
+    def _prefill(self, ids: list[int], progress) -> None:
+        """Record the prompt's frames but the last from one forward per segment (sim/prefill.py), and the
+        snapshots that stepping keeps."""
+        for start, end in segments(len(ids) - 1):   # the last token steps: the cursor's frame is a decode step's
+                                                     # from the caches themselves, as a what-if recomputes it
+            keyframe = self._snapshots.get(start) if start % KEYFRAME_EVERY == 0 else None
+            seg = run_segment(self.model, self.twin_model, ids[start:end], self._cache, self._twin_cache,
+                              FrameRecorder(self._bias_cache, self._kda_links, keyframe))
+            self._cache, self._twin_cache = seg.cache, seg.twin_cache
+            for p, rec in enumerate(seg.records, start):
+                memory = memory_record(self._cache, None if self.twin_model is None else self._twin_cache, self.twin_config,
+                                       p + 1, self._ints)
+                frame, logits = self._frame(rec, p, ids[p], self._prompt_choice(ids, p), True, memory,
+                                            seg.step_ms, seg.twin_step_ms)
+                self._frames.append(frame)
+                self._logits.append(logits)
+            self._snapshots.update(segment_snapshots(seg, self._frames, len(ids), SNAPSHOT_EVERY, RECENT_SNAPSHOTS,
+                                                     KEYFRAME_EVERY))
+            for done in range(start + 1, end + 1):
+                if progress is not None:
+                    progress(done, len(ids))
+
     @staticmethod
     def _choose(logits: np.ndarray, position: int, choice: Choice) -> int:
         if choice.is_forced:
@@ -407,7 +395,7 @@ class Simulation:
         recorder = FrameRecorder(self._bias_cache, links, keyframe)
         self._sync()
         t0 = time.perf_counter()
-        _, cache = self.model(x, cache, recorder=recorder if watch is None else _Tee(recorder, watch), hooks=hooks)
+        _, cache = self.model(x, cache, recorder=recorder if watch is None else Tee(recorder, watch), hooks=hooks)
         self._sync()
         t1 = time.perf_counter()
         twin_ms = float("nan")
@@ -415,8 +403,15 @@ class Simulation:
             _, twin_cache = self.twin_model(x, twin_cache)
             self._sync()
             twin_ms = 1e3 * (time.perf_counter() - t1)
-        rec = recorder.finish()
+        memory = memory_record(cache, None if self.twin_model is None else twin_cache, self.twin_config, position + 1,
+                               self._ints)
+        frame, logits = self._frame(recorder.finish(), position, token, choice, prompt, memory, 1e3 * (t1 - t0),
+                                    twin_ms)
+        return frame, logits, cache, twin_cache
 
+    def _frame(self, rec: StepRecord, position: int, token: int, choice: Choice, prompt: bool, memory,
+               step_ms: float, twin_ms: float) -> tuple[Frame, np.ndarray]:
+        """The Frame of one recorded step and its logits [NUM_TOKENS]."""
         # Ids past EOS are padding rows of the embedding (vocab 512 > 258 tokens): never offer them.
         logits = rec.logits[:NUM_TOKENS]
         chosen = self._choose(logits, position, choice)
@@ -425,9 +420,9 @@ class Simulation:
             index=position, position=position, input_id=token, input_text=token_text(token),
             token_id=chosen, token_text=token_text(chosen), top_ids=top_ids, top_probs=top_probs,
             routing=rec.routing, kda=rec.kda, depth=rec.depth, sublayers=rec.sublayers,
-            memory=self._memory(cache, twin_cache, position + 1), step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms,
+            memory=memory, step_ms=step_ms, twin_step_ms=twin_ms,
             embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice))
-        return frame, logits, cache, twin_cache
+        return frame, logits
 
     @staticmethod
     def _choice_fields(choice: Choice) -> dict:
@@ -435,23 +430,6 @@ class Simulation:
         if choice.is_forced:
             return {"forced": True, "temperature": None, "seed": None}
         return {"forced": False, "temperature": choice.temperature, "seed": choice.seed}
-
-    def _memory(self, cache: ModelCache, twin_cache: ModelCache | None, tokens: int) -> MemoryRecord:
-        if self.twin_model is not None and twin_cache is not None:
-            twin_kv = twin_cache.kv_bytes()
-        else:  # no twin run: its cache is a formula of the token count (sim.memory, checked by the tests)
-            from .memory import cache_bytes
-            twin_kv = cache_bytes(self.twin_config, tokens)[0]
-        # One pass over the layers (ModelCache.kv_bytes/state_bytes/layer_bytes make three), and one int
-        # object per distinct count (most layers hold the same bytes): ~3 KB less per k3-topo frame.
-        kv = state = 0
-        layer_bytes = []
-        for c in cache.layers:
-            b = 0 if c is None else c.nbytes()
-            kv += b if isinstance(c, MLACache) else 0
-            state += b if isinstance(c, KDAState) else 0
-            layer_bytes.append(self._ints.setdefault(b, b))
-        return MemoryRecord(kv_bytes=kv, state_bytes=state, twin_kv_bytes=twin_kv, layer_bytes=tuple(layer_bytes))
 
     def _save_snapshot(self) -> None:
         p = self._cache.position

@@ -181,7 +181,9 @@ def _model_states(model, ids) -> list[list[np.ndarray]]:
 def long_run():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    sim = Simulation("tiny", "a long enough prompt", weights="random")
+    # stepped, prompt too: every frame's state is then the model's own decode state, checked bit for bit below
+    # (a prefilled prompt's states are its chain by definition: tests/test_prefill.py)
+    sim = Simulation("tiny", "a long enough prompt", weights="random", prefill=False)
     sim.run(50)                                   # 71 frames: a chain from zeros, one from the snapshot at 64
     yield sim
     torch.set_num_threads(before)
@@ -209,7 +211,7 @@ def test_recomputed_states_are_the_models_bit_for_bit_across_chains_and_a_branch
     want = _model_states(sim.model, [f.input_id for f in sim.frames])
     for f, states in zip(sim.frames[48:], want[48:]):
         assert all(bits_equal(r.state, s) for r, s in zip(f.kda, states))
-    fresh = Simulation("tiny", "a long enough prompt", weights="random")
+    fresh = Simulation("tiny", "a long enough prompt", weights="random", prefill=False)
     fresh.run(30)
     fresh.step(force_token="Q")
     fresh.run(3)

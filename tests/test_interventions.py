@@ -45,6 +45,9 @@ LOAD_MODEL = session_module.load_model
 
 
 def make(**kw):
+    # stepped prompts: the oracles below (forward_from) feed tokens one at a time, so the what-ifs' caches are
+    # made by the same ops in the same order and compare exactly
+    kw.setdefault("prefill", False)
     with mock.patch.object(session_module, "load_model", _trained_looking):
         return Simulation("tiny", PROMPT, weights="random", **kw)
 

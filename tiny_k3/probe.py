@@ -8,7 +8,7 @@ sublayer, nothing copied). Events, in execution order for one forward call:
 |--------------|------------------|--------------------------------------------------------------------------|
 | "embed"      | -1               | x [B,T,D]                                                                |
 | "depth"      | layer index      | site ("attn", "mlp" or "out"), weights [B,T,N] (None for "standard"), h [B,T,D] |
-| "kda"        | layer index      | prev_state [B,H,K,V] (None at the start), state [B,H,K,V], g [B,T,H,K], beta [B,T,H], q, k [B,T,H,K] (L2-normalised), v [B,T,H,V] |
+| "kda"        | layer index      | prev_state [B,H,K,V] (None at the start), state [B,H,K,V], g [B,T,H,K], beta [B,T,H], q, k [B,T,H,K] (L2-normalised), v [B,T,H,V], conv_in [B,T,C] (the short convolution's inputs) |
 | "mla"        | layer index      | probs [B,H,T,S] (softmax over the S cached keys), cache_len              |
 | "moe"        | layer index      | scores [B,T,E], bias [E], expert_ids [B,T,k], weights [B,T,k]            |
 | "sublayer"   | layer index      | site ("attn" or "mlp"), kind ("kda", "mla", "moe", "dense"), out [B,T,D] |

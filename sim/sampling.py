@@ -1,0 +1,39 @@
+"""How a frame's next token is chosen from its logits: argmax, or a seeded draw reproducible on any machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def generator_seed(seed: int, position: int) -> int:
+    """A 63-bit seed from (seed, position), the same on every machine and run (unlike Python's hash())."""
+    state = np.random.SeedSequence([seed % (1 << 64), position]).generate_state(1, dtype=np.uint64)[0]
+    return int(state) & ((1 << 63) - 1)
+
+
+def sample_token(logits: np.ndarray, temperature: float, seed: int, position: int) -> int:
+    """logits [vocab] -> one token id: argmax at temperature 0, else a draw from softmax(logits / T).
+
+    The draw is an inverse-CDF lookup of one uniform from torch.Generator(seed from (seed, position)),
+    computed in float64 numpy, so it is reproducible and independent of the model's device.
+    """
+    if temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    cdf = np.cumsum(p)
+    u = torch.rand((), generator=torch.Generator().manual_seed(generator_seed(seed, position)),
+                   dtype=torch.float64).item()
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+
+
+def top_tokens(logits: np.ndarray, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """The n most likely next tokens under softmax(logits) (temperature 1): (ids int64, probs float32)."""
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    ids = np.argsort(-p, kind="stable")[:n]
+    top_ids, top_probs = ids.astype(np.int64), p[ids].astype(np.float32)
+    top_ids.flags.writeable = top_probs.flags.writeable = False
+    return top_ids, top_probs
