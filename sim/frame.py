@@ -92,6 +92,12 @@ class Choice:
     def is_forced(self) -> bool:
         return self.token is not None
 
+    def frame_fields(self) -> dict:
+        """A Frame's forced / temperature / seed fields for this choice (temperature and seed None when forced)."""
+        if self.is_forced:
+            return {"forced": True, "temperature": None, "seed": None}
+        return {"forced": False, "temperature": self.temperature, "seed": self.seed}
+
     def same_as(self, other: "Choice") -> bool:
         """Both choose the same way; two argmax choices agree whatever their seeds."""
         if not self.is_forced and not other.is_forced and self.temperature == other.temperature == 0:

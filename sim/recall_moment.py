@@ -368,12 +368,12 @@ def _is_partial_reset(changes) -> bool:
 
 
 def still_carried(sim, w) -> StillCarried | None:
-    """For a what-if `w` made at sim's cursor (w.position == sim.cursor) whose changes reset some KDA heads
-    or layers (not all) and left the next token unchanged: the same token with every KDA state reset, and
-    with each KDA layer reset alone (up to PER_LAYER_LIMIT layers). None for any other what-if."""
+    """For a what-if `w` of sim's whose changes reset some KDA heads or layers (not all) and left the next
+    token unchanged: the same token (frame w.position) with every KDA state reset, and with each KDA layer
+    reset alone (up to PER_LAYER_LIMIT layers). None for any other what-if."""
     from .interventions import ResetState
 
-    if not _is_partial_reset(w.changes) or sim.cursor != w.position:
+    if not _is_partial_reset(w.changes):
         return None
     answer_id, answer, _ = w.top_before[0][0]
     if w.top_after[0][0][0] != answer_id:
@@ -383,9 +383,9 @@ def still_carried(sim, w) -> StillCarried | None:
         return float(torch.softmax(torch.tensor(np.array(logits), dtype=torch.float64), -1)[answer_id])
 
     p_before, p_reset = p_answer(w.logits_before[0]), p_answer(w.logits_after[0])
-    every = sim.what_if(ResetState())
+    every = sim.what_if(ResetState(), at=w.position)
     kda = sim.config.kda_layers
     layers = [] if len(kda) > PER_LAYER_LIMIT else [
-        (layer, p_answer(sim.what_if(ResetState(layer)).logits_after[0])) for layer in kda]
+        (layer, p_answer(sim.what_if(ResetState(layer), at=w.position).logits_after[0])) for layer in kda]
     return StillCarried(answer, p_before, p_reset, p_answer(every.logits_after[0]), every.top_after[0][0][1],
                         tuple(sorted(layers, key=lambda lp: lp[1])), bool(sim.config.mla_layers))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
+
+from tiny_k3.tokenizer import encode
 
 
 def generator_seed(seed: int, position: int) -> int:
@@ -37,3 +41,20 @@ def top_tokens(logits: np.ndarray, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
     top_ids, top_probs = ids.astype(np.int64), p[ids].astype(np.float32)
     top_ids.flags.writeable = top_probs.flags.writeable = False
     return top_ids, top_probs
+
+
+def token_id(token, vocab: int) -> int:
+    """A forced token as its id: an id in [0, vocab) or one byte-sized character; one clear error otherwise."""
+    if isinstance(token, str):
+        ids = encode(token, bos=False)
+        if len(ids) != 1:
+            raise ValueError(f"force_token must be one byte-sized character or a token id, got {token!r} "
+                             f"({len(ids)} bytes).")
+        return ids[0]
+    try:
+        t = operator.index(token)
+    except TypeError:
+        raise ValueError(f"force_token must be a token id in [0, {vocab}) or one character, got {token!r}.") from None
+    if not 0 <= t < vocab:
+        raise ValueError(f"force_token must be a token id in [0, {vocab}), got {t}.")
+    return t

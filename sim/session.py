@@ -24,6 +24,7 @@ recomputed from the keyframe and each step's kda_step inputs, bit for bit).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 import time
@@ -43,7 +44,8 @@ from .memory import non_negative_int
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
 from .prefill import memory_record, run_segment, segment_snapshots, segments
 from .recorder import FrameRecorder, StepRecord, Tee
-from .sampling import generator_seed, sample_token, top_tokens  # noqa: F401  (sim.session.sample_token)
+from .sampling import generator_seed, sample_token, token_id, top_tokens  # noqa: F401  (sim.session.sample_token)
+from .whatif import WhatIf, WhatIfPlan, what_if
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
@@ -189,7 +191,7 @@ class Simulation:
         token with them when they differ from how it was chosen. Either way a changed choice branches.
         """
         frame = self.frame
-        forced = None if force_token is None else self._token(force_token)
+        forced = None if force_token is None else token_id(force_token, NUM_TOKENS)
         t = self.temperature if temperature is None else _temperature(temperature)
         s = self.sample_seed if seed is None else non_negative_int(seed, "seed")
         if self.cursor + 1 >= self.config.max_seq_len:
@@ -212,16 +214,25 @@ class Simulation:
         self.cursor = len(self._frames) - 1
         return self.frame
 
-    def what_if(self, *changes, steps: int = 1, progress=None):
-        """What would the model have done at the cursor if ... (sim.interventions changes) -> sim.whatif.WhatIf.
+    def what_if(self, *changes, at: int | None = None, steps: int = 1, progress=None) -> WhatIf:
+        """What would the model have done at frame `at` (default: the cursor) if ... -> sim.whatif.WhatIf.
 
-        Recomputes the cursor's frame with the changes in force, then steps - 1 more tokens, beside the
-        original, from the decode state saved before the cursor; the timeline is left exactly as it was.
+        changes: sim.interventions changes, or one sim.whatif.WhatIfPlan made from them. Recomputes frame `at`
+        with the changes in force, then steps - 1 more tokens, beside the original, from the decode state
+        before it (caches_at); the timeline and the cursor are left exactly as they were.
         progress(done, steps), if given, is called after each step; whatever it raises abandons the what-if.
         """
-        from .whatif import what_if
+        plan = WhatIfPlan.of(changes[0] if len(changes) == 1 and isinstance(changes[0], WhatIfPlan) else changes,
+                             self.config)
+        return what_if(self, plan, self.cursor if at is None else self._index(at), steps, progress)
 
-        return what_if(self, changes, steps, progress)
+    def view(self, frames) -> "Simulation":
+        """A read-only copy over other `frames` (a what-if's branch, sim.whatif.branch_timeline): the same model
+        and config, its cursor on the last frame. The views over frames work; stepping it does not."""
+        other = copy.copy(self)
+        other._frames, other._logits = list(frames), []
+        other.cursor = len(other._frames) - 1
+        return other
 
     # ------------------------------------------------------------------ views over the timeline
     def step_into(self, i: int | None = None) -> list[SublayerView]:
@@ -315,22 +326,6 @@ class Simulation:
             raise ValueError(f"frame {i} is out of range; valid frames are 0 to {n - 1}.")
         return i
 
-    def _token(self, token) -> int:
-        vocab = NUM_TOKENS
-        if isinstance(token, str):
-            ids = encode(token, bos=False)
-            if len(ids) != 1:
-                raise ValueError(f"force_token must be one byte-sized character or a token id, got {token!r} "
-                                 f"({len(ids)} bytes).")
-            return ids[0]
-        try:
-            t = operator.index(token)
-        except TypeError:
-            raise ValueError(f"force_token must be a token id in [0, {vocab}) or one character, got {token!r}.") from None
-        if not 0 <= t < vocab:
-            raise ValueError(f"force_token must be a token id in [0, {vocab}), got {t}.")
-        return t
-
     prefilled = False   # (a subclass that builds its own timeline, sim/real.py, steps its prompt)
 
     def _prompt_choice(self, ids: list[int], i: int) -> Choice:
@@ -373,7 +368,7 @@ class Simulation:
     @torch.no_grad()
     def _advance(self, token: int, choice: Choice, prompt: bool) -> Frame:
         """Feed `token` at the next position to the hybrid (recorded) and the twin; append the Frame."""
-        frame, logits, self._cache, self._twin_cache = self._compute_frame(
+        frame, logits, self._cache, self._twin_cache = self.compute_frame(
             len(self._frames), token, choice, prompt, self._cache, self._twin_cache)
         self._frames.append(frame)
         self._logits.append(logits)
@@ -381,13 +376,16 @@ class Simulation:
         return frame
 
     @torch.no_grad()
-    def _compute_frame(self, position: int, token: int, choice: Choice, prompt: bool, cache: ModelCache,
+    def compute_frame(self, position: int, token: int, choice: Choice, prompt: bool, cache: ModelCache,
                        twin_cache: ModelCache | None, hooks=None, watch: Recorder | None = None):
         """One recorded decode step from `cache`, touching no timeline -> (Frame, logits, cache, twin_cache).
 
         twin_cache None: the twin is not run (its bytes come from the formula). hooks: tiny_k3.hooks changes
         in force (a what-if); watch: a second recorder that sees every event too (sim.whatif keeps outputs).
         """
+        if cache.position != position:
+            raise ValueError(f"compute_frame: a frame at position {position} needs the cache after {position} "
+                             f"tokens, got one after {cache.position} (Simulation.caches_at makes it).")
         x = torch.tensor([[token]], device=self.device)
         # A frame at a keyframe position starts its KDA chain from that snapshot (sim/framestore.py).
         keyframe = self._snapshots.get(position) if position % KEYFRAME_EVERY == 0 else None
@@ -421,15 +419,8 @@ class Simulation:
             token_id=chosen, token_text=token_text(chosen), top_ids=top_ids, top_probs=top_probs,
             routing=rec.routing, kda=rec.kda, depth=rec.depth, sublayers=rec.sublayers,
             memory=memory, step_ms=step_ms, twin_step_ms=twin_ms,
-            embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice))
+            embed_norm=rec.embed_norm, prompt=prompt, **choice.frame_fields())
         return frame, logits
-
-    @staticmethod
-    def _choice_fields(choice: Choice) -> dict:
-        """Frame's forced / temperature / seed fields for a choice (temperature and seed None when forced)."""
-        if choice.is_forced:
-            return {"forced": True, "temperature": None, "seed": None}
-        return {"forced": False, "temperature": choice.temperature, "seed": choice.seed}
 
     def _save_snapshot(self) -> None:
         p = self._cache.position
@@ -454,12 +445,15 @@ class Simulation:
     @torch.no_grad()
     def _restore(self, tokens: int) -> None:
         """Set both caches to their state after `tokens` tokens of the timeline (a prefix of the live ones)."""
-        self._cache, self._twin_cache = self._caches_at(tokens)
+        self._cache, self._twin_cache = self.caches_at(tokens)
         self._snapshots = {p: s for p, s in self._snapshots.items() if p <= tokens}
 
     @torch.no_grad()
-    def _caches_at(self, tokens: int) -> tuple[ModelCache, ModelCache]:
+    def caches_at(self, tokens: int) -> tuple[ModelCache, ModelCache]:
         """New (hybrid, twin) caches as they were after `tokens` tokens of the timeline; the live ones stay."""
+        if not isinstance(tokens, int) or not 0 <= tokens <= len(self._frames):
+            raise ValueError(f"caches_at: tokens must be a whole number from 0 to {len(self._frames)} (the "
+                             f"timeline's frames), got {tokens!r}.")
         base = max((p for p in self._snapshots if p <= tokens), default=0)
         cache = ModelCache(self.config.num_layers)
         for i, c in enumerate(self._cache.layers):
@@ -484,5 +478,5 @@ class Simulation:
         old = self._frames[c]
         token = self._choose(self._logits[c], old.position, choice)
         self._frames[c] = dataclasses.replace(old, token_id=token, token_text=token_text(token),
-                                              **self._choice_fields(choice))
+                                              **choice.frame_fields())
         self.prompt_len = min(self.prompt_len, c + 1)

@@ -65,7 +65,7 @@ def frames():
     cache, twin = sim._cache, sim._twin_cache
     for token in (ord("7"), ord(";")):
         trace = TraceRecorder()
-        frame, _, cache, twin = sim._compute_frame(len(sim.frames) + len(out), token, Choice.forced(65), False,
+        frame, _, cache, twin = sim.compute_frame(len(sim.frames) + len(out), token, Choice.forced(65), False,
                                                    cache, twin, watch=trace)
         out.append((frame, plain_frame(frame, trace), trace))
     torch.set_num_threads(before)

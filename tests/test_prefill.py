@@ -120,7 +120,7 @@ def test_restored_caches_equal_a_forward_over_the_same_tokens(pair, tokens):
     """cached == recompute: the caches a branch restores after `tokens` tokens (a snapshot, a replay, a cut KV
     cache) equal one forward of the model over those tokens, to float64 rounding."""
     fast, _ = pair
-    cache, twin = fast._caches_at(tokens)     # (KDA's S is a float32 chain, and what is replayed after it
+    cache, twin = fast.caches_at(tokens)     # (KDA's S is a float32 chain, and what is replayed after it
                                               # sees that rounding: hence TOL beyond the first layer)
     ids = torch.tensor([[f.input_id for f in fast.frames[:tokens]]])
     with torch.no_grad():
@@ -214,6 +214,6 @@ def test_a_float32_prefill_hands_its_chain_to_the_cache_and_the_next_step_contin
     prefilled, stepped = sim.frames[-2].kda[0]._step, sim.frames[-1].kda[0]._step
     assert stepped.state is None and stepped.kda_from is prefilled
     assert stepped.kda_depth == prefilled.kda_depth + 1 == 40
-    cache, _ = sim._caches_at(len(sim.frames) - 1)
+    cache, _ = sim.caches_at(len(sim.frames) - 1)
     for row, layer in enumerate(sim.config.kda_layers):
         assert torch.equal(cache.layers[layer].state[0], prefilled.states32()[row])
