@@ -1,8 +1,11 @@
 """Runs you can keep: a whole Simulation (prompt, preset, seed, weights id, every Frame) in one safe file.
 
     sim.save("run.npz")                # or runfile.save(sim, path, cursor=i)
-    sim2 = sim.load("run.npz")         # a live Simulation again, at the saved cursor: it can step on
+    sim2 = sim.load("run.npz")         # Simulation.from_run: a live Simulation again, at the saved cursor
     run = runfile.read("run.npz")      # no model at all: run.meta, run.frames, run.arrays (numpy tables)
+
+This module is the format (writing, reading, replaying a read run through a given Simulation); it imports no
+Simulation: `Simulation.from_run` (sim/session.py) builds one and hands it to `replay`.
 
 Format (version 1): one uncompressed-by-default numpy .npz archive, read with `allow_pickle=False`, so
 nothing in it is ever unpickled. Member "meta.json" holds UTF-8 JSON (format name, version, preset and its
@@ -20,7 +23,7 @@ other member is one array over all F frames, named "<record>.<field>":
     memory.*      kv_bytes, state_bytes, twin_kv_bytes [F] int64, layer_bytes [F, layers] int64
 
 R, L, D, S: the MoE layers, KDA layers, depth reads and sublayers of one token, listed in meta in order.
-`load` rebuilds the model from (preset, seed, weights), replays the recorded choices through it (the
+`Simulation.from_run` rebuilds the model from (preset, seed, weights), replays the recorded choices through it (the
 decode state is recomputed, not stored) and checks that every recomputed Frame equals the stored one,
 so a file from other weights or another version says so in one sentence instead of showing wrong frames.
 """
@@ -42,7 +45,6 @@ from tiny_k3.tokenizer import token_text
 from tiny_k3.weights import weights_path
 
 from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord
-from .session import Simulation
 
 FORMAT = "tiny-k3 run"
 RELEASED = "released "        # the weights label of a run streamed from a released-format folder (sim/real.py)
@@ -61,7 +63,7 @@ class SavedRun:
 # ---------------------------------------------------------------------------- writing
 
 
-def weights_id(sim: Simulation) -> str:
+def weights_id(sim) -> str:
     """What made the weights: "trained <file> sha256:<12 hex>" or "random init, seed N"."""
     if sim.weights.startswith(RELEASED):   # streamed from a released-format folder (sim/real.py): its name
         return sim.weights
@@ -104,7 +106,7 @@ def _arrays(frames: list[Frame]) -> dict[str, np.ndarray]:
     return out
 
 
-def save(sim: Simulation, path, cursor: int | None = None) -> Path:
+def save(sim, path, cursor: int | None = None) -> Path:
     """Write `sim` to `path` (an .npz archive, see the module docstring); `cursor` defaults to sim.cursor.
 
     The file appears whole or not at all (written beside it, then renamed), so quitting mid-save loses nothing.
@@ -197,25 +199,32 @@ def _choice(frame: Frame) -> dict:
     return {"temperature": frame.temperature, "seed": frame.seed}
 
 
-def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:
-    """Reopen a saved run as a live Simulation at its saved cursor (see the module docstring).
-
-    progress(done, total) is called as frames are recomputed (Simulation's prompt prefill, then the rest).
-    """
-    run = read(path)
-    meta, saved = run.meta, run.frames
-    name = Path(path).name
+def check_replayable(run: SavedRun, name: str) -> None:
+    """One clear error for a run that no model here can replay (streamed from a released checkpoint)."""
+    meta = run.meta
     if str(meta.get("weights", "")).startswith(RELEASED):
         raise ValueError(f"{name} was streamed from a released checkpoint ({meta['weights']}), which cannot be "
                          f"replayed here; read its frames with sim.runfile.read, or stream the folder again with "
                          f"`python -m sim real`.")
-    total = len(saved)
-    sim = Simulation(meta["preset"], meta["prompt"], seed=meta["seed"], device=device, weights=meta["weights"],
-                     twin=meta["twin"], progress=None if progress is None else (lambda done, _: progress(done, total)),
-                     prefill=meta.get("prefill", False))   # files from before the batched prefill were stepped
+
+
+def simulation_args(run: SavedRun) -> dict:
+    """The keyword arguments of the Simulation that recorded `run` (its prompt built the way it was: a file from
+    before the batched prefill has no "prefill" field, and was stepped)."""
+    meta = run.meta
+    return dict(preset=meta["preset"], prompt=meta["prompt"], seed=meta["seed"], weights=meta["weights"],
+                twin=meta["twin"], prefill=meta.get("prefill", False))
+
+
+def replay(sim, run: SavedRun, name: str, progress=None):
+    """Replay `run`'s recorded choices through `sim` (a fresh Simulation made with simulation_args(run)) and check
+    every recomputed Frame against the stored one; -> sim at the saved cursor. progress(done, total) as frames
+    are recomputed past the prompt."""
+    meta, saved = run.meta, run.frames
     if weights_id(sim) != meta["weights_id"]:
         raise ValueError(f"{name} was recorded with weights '{meta['weights_id']}' but this installation has "
                          f"'{weights_id(sim)}', so its frames cannot be reproduced.")
+    total = len(saved)
     for i in range(total - 1):            # frame i's choice is frame i + 1's input: replay every choice
         have = sim.frames
         if i + 1 < len(have) and have[i].token_id == saved[i].token_id and have[i].forced == saved[i].forced:

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import operator
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import EOS, decode, encode, token_text
 from tiny_k3.weights import config_for
 
+from . import runfile
 from .frame import Choice, Frame, SublayerView
 from .memory import non_negative_int
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
@@ -294,10 +296,21 @@ class Simulation:
         return out
 
     def save(self, path, cursor: int | None = None):
-        """Write the whole run to `path` (sim/runfile.py: JSON + npz, nothing pickled); `sim.load` reopens it."""
-        from . import runfile   # runfile imports this module to rebuild a Simulation
-
+        """Write the whole run to `path` (sim/runfile.py: JSON + npz, nothing pickled); `from_run` reopens it."""
         return runfile.save(self, path, cursor=cursor)
+
+    @classmethod
+    def from_run(cls, path, *, device: str | None = "cpu", progress=None) -> "Simulation":
+        """Reopen a saved run as a live Simulation at its saved cursor (sim/runfile.py): the model rebuilt from
+        (preset, seed, weights), the recorded choices replayed and every Frame checked against the file.
+        progress(done, total) is called as frames are recomputed (the prompt's, then the rest)."""
+        run = runfile.read(path)
+        name = Path(path).name
+        runfile.check_replayable(run, name)
+        total = len(run.frames)
+        sim = cls(**runfile.simulation_args(run), device=device,
+                  progress=None if progress is None else (lambda done, _: progress(done, total)))
+        return runfile.replay(sim, run, name, progress)
 
     def snapshot_bytes(self) -> int:
         """Bytes held by the saved KDA states that make branching cheap."""

@@ -195,7 +195,7 @@ def test_a_stepped_run_file_replays_stepwise_and_a_prefilled_one_by_prefill(tmp_
     members["meta.json"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     np.savez(tmp_path / "old.npz", **members)
     for path, made in ((tmp_path / "old.npz", slow), (runfile.save(fast, tmp_path / "fast.npz"), fast)):
-        again = runfile.load(path)
+        again = Simulation.from_run(path)
         assert again.prefilled == made.prefilled
         assert len(again.frames) == len(made.frames) and all(a.same_as(b) for a, b in zip(again.frames, made.frames))
 

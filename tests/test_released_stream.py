@@ -157,7 +157,7 @@ def test_the_command_prints_bytes_per_token_and_saves_the_frames(release, tmp_pa
     assert saved.meta["weights"] == saved.meta["weights_id"] == f"released {folder.name}"
     assert all(a.same_as(b) for a, b in zip(saved.frames, again.frames)) and len(saved.frames) == 4
     with pytest.raises(ValueError, match="streamed from a released checkpoint"):
-        runfile.load(run)
+        Simulation.from_run(run)
     assert main_real([str(folder / "missing")], console) == 2
     assert "is not a folder" in console.export_text()
 

@@ -345,7 +345,7 @@ def test_auto_weights_take_the_shipped_checkpoints_of_both_models(monkeypatch):
 
 def test_a_checkpoint_name_opens_its_config_and_trained_weights():
     """`Simulation("small-twin")` (the README's name for the twin) builds the all-MLA twin of `small` with its
-    shipped weights, and a saved run of it reopens (runfile.load resolves the same name)."""
+    shipped weights, and a saved run of it reopens (Simulation.from_run resolves the same name)."""
     sim = Simulation("small-twin", "b=5; | b=", seed=0, twin=False)
     assert sim.config == K3Config.preset("small").twin() and sim.weights == "trained", sim.weights
     with pytest.raises(ValueError, match="unknown preset 'nope'"):

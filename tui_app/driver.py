@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from sim import Simulation, runfile
+from sim import Simulation
 from sim.whatif import WhatIfPlan
 from sim.recall_moment import find_query, still_carried
 from tiny_k3.config import K3Config
@@ -173,7 +173,7 @@ class Driver:
     """Owns the Simulation, the cursor (step / visited / goal) and what to compute next."""
 
     def __init__(self, lookahead: int = 2, make_sim: Callable[..., Simulation] = Simulation,
-                 open_run: Callable[..., Simulation] = runfile.load, clock: Callable[[], float] = time.perf_counter):
+                 open_run: Callable[..., Simulation] = Simulation.from_run, clock: Callable[[], float] = time.perf_counter):
         self.lookahead = lookahead
         self._make_sim, self._open_run, self._clock = make_sim, open_run, clock
         self.sim: Simulation | None = None
