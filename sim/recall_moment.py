@@ -37,7 +37,7 @@ import torch
 from tiny_k3.attnres import DepthStream
 from tiny_k3.corpus import RECALL_MARK
 from tiny_k3.hooks import Hooks
-from tiny_k3.probe import Recorder
+from tiny_k3.probe import DepthEvent, EmbedEvent, Event, KDAEvent, Recorder, SublayerEvent
 from tiny_k3.tokenizer import BOS, EOS, decode, encode
 
 DIGITS = [ord(str(d)) for d in range(10)]
@@ -202,16 +202,16 @@ class _Capture(Recorder):
         self.out_weights: torch.Tensor | None = None
         self.h: torch.Tensor | None = None
 
-    def record(self, event: str, layer: int, **d) -> None:
-        if event == "kda":
-            self.kda[layer] = {k: d[k][0] for k in ("q", "k", "v", "g", "beta")}
-        elif event == "sublayer":
-            self.sublayers.append((layer, d["site"], d["kind"], d["out"][0]))
-        elif event == "embed":
-            self.embed = d["x"][0]
-        elif event == "depth" and d["site"] == "out":
-            self.out_weights = None if d["weights"] is None else d["weights"][0]
-            self.h = d["h"][0]
+    def on(self, event: Event) -> None:
+        if isinstance(event, KDAEvent):
+            self.kda[event.layer] = {k: getattr(event, k)[0] for k in ("q", "k", "v", "g", "beta")}
+        elif isinstance(event, SublayerEvent):
+            self.sublayers.append((event.layer, event.site, event.kind, event.out[0]))
+        elif isinstance(event, EmbedEvent):
+            self.embed = event.x[0]
+        elif isinstance(event, DepthEvent) and event.site == "out":
+            self.out_weights = None if event.weights is None else event.weights[0]
+            self.h = event.h[0]
 
 
 def write_contribution(q, k, g, writes, t: int, d: int) -> torch.Tensor:

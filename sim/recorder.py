@@ -1,8 +1,8 @@
 """FrameRecorder: what one decode step reports through tiny_k3.probe, kept as numpy records for a Frame.
 
-The model calls `record(event, layer, **tensors)` once per sublayer (see tiny_k3/probe.py for the events).
-Recording does no tensor work per event: it keeps references to the step's tensors (the model makes new
-ones every step and never updates them in place) in a NamedTuple per event. `finish()` then works per
+The model reports once per sublayer, and `on` receives each report as a typed event (tiny_k3/probe.py).
+Recording does no tensor work per event: it keeps the events, references to the step's tensors (the model
+makes new ones every step and never updates them in place). `finish()` then works per
 kind of record, not per layer: one stack of every KDA state of the step, one of every score vector, one
 reduction for every RMS, ... and one transfer to the CPU per kind, into one StepArrays (sim/framestore.py)
 that the step's records are thin read-only views of.
@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tiny_k3.probe import Recorder
+from tiny_k3.probe import DepthEvent, EmbedEvent, Event, KDAEvent, LogitsEvent, MoEEvent, Recorder, SublayerEvent
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
 from .framestore import Layout, PackedFloats, Records, StepArrays, id_dtype, read_only
@@ -34,43 +34,6 @@ _NO_KDA = (read_only(np.zeros((0, 0, 0, 0), np.float16)), None, None, 0, read_on
 
 # Events keep the model's tensors as they come, [B=1, T, ...], and finish() takes position -1 once per kind
 # after concatenating them: an index per tensor per event was ~2/3 of recording's cost at k3-topo's 560 events.
-
-
-class EmbedEvent(NamedTuple):
-    x: torch.Tensor                       # [1, T, D] the input token's embedding
-
-
-class DepthEvent(NamedTuple):
-    layer: int
-    site: str                             # "attn", "mlp" or "out"
-    weights: torch.Tensor | None          # [1, T, N] over the depth sources (None for the standard residual)
-    h: torch.Tensor                       # [1, T, D] the sublayer input
-
-
-class KDAEvent(NamedTuple):
-    layer: int
-    prev_state: torch.Tensor | None       # [1, H, K, V] before this token (None at the first token)
-    state: torch.Tensor                   # [1, H, K, V] after it
-    g: torch.Tensor                       # [1, T, H, K] log decay
-    beta: torch.Tensor                    # [1, T, H] write strength
-    k: torch.Tensor                       # [1, T, H, K] the key kda_step wrote under (L2-normalised)
-    v: torch.Tensor                       # [1, T, H, V] the value
-    conv_in: torch.Tensor | None = None   # [1, T, C] the short convolution's inputs (a prefill's snapshots' tails)
-
-
-class MoEEvent(NamedTuple):
-    layer: int
-    scores: torch.Tensor                  # [1, T, E] unbiased sigmoid affinities
-    bias: np.ndarray                      # [E] the selection bias (shared between frames while it is unchanged)
-    expert_ids: torch.Tensor              # [1, T, k]
-    weights: torch.Tensor                 # [1, T, k]
-
-
-class SublayerEvent(NamedTuple):
-    layer: int
-    site: str                             # "attn" or "mlp"
-    kind: str                             # "kda", "mla", "dense" or "moe"
-    out: torch.Tensor                     # [1, T, D] what the sublayer wrote to the stream
 
 
 def _last(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -89,9 +52,9 @@ class Tee(Recorder):
     def __init__(self, first: Recorder, second: Recorder):
         self.first, self.second = first, second
 
-    def record(self, event: str, layer: int, **data) -> None:
-        self.first.record(event, layer, **data)
-        self.second.record(event, layer, **data)
+    def on(self, event: Event) -> None:
+        self.first.on(event)
+        self.second.on(event)
 
 
 class StepRecord(NamedTuple):
@@ -144,22 +107,20 @@ class FrameRecorder(Recorder):
             hit = self._bias_cache[layer] = (key, _numpy(bias.detach().clone()))
         return hit[1]
 
-    def record(self, event: str, layer: int, **d) -> None:
-        if event == "depth":
-            self.depth.append(DepthEvent(layer, d["site"], d["weights"], d["h"]))
-        elif event == "sublayer":
-            self.sublayers.append(SublayerEvent(layer, d["site"], d["kind"], d["out"]))
-        elif event == "moe":
-            scores = d["scores"]
-            self.moe.append(MoEEvent(layer, scores, self._bias(layer, d["bias"], scores.shape[-1]),
-                                     d["expert_ids"], d["weights"]))
-        elif event == "kda":
-            self.kda.append(KDAEvent(layer, d["prev_state"], d["state"], d["g"], d["beta"], d["k"], d["v"],
-                                     d.get("conv_in")))
-        elif event == "embed":
-            self.embed = EmbedEvent(d["x"])
-        elif event == "logits":
-            self.logits = d["logits"]
+    def on(self, event: Event) -> None:
+        kind = type(event)
+        if kind is DepthEvent:
+            self.depth.append(event)
+        elif kind is SublayerEvent:
+            self.sublayers.append(event)
+        elif kind is MoEEvent:   # the bias as numpy, one array per layer while it is unchanged
+            self.moe.append(event._replace(bias=self._bias(event.layer, event.bias, event.scores.shape[-1])))
+        elif kind is KDAEvent:
+            self.kda.append(event)
+        elif kind is EmbedEvent:
+            self.embed = event
+        elif kind is LogitsEvent:
+            self.logits = event.logits
 
     def finish(self) -> StepRecord:
         """The recorded decode step (one token) as numpy records: one batched computation and transfer per

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tiny_k3.probe import Recorder
+from tiny_k3.probe import EmbedEvent, Event, LogitsEvent, Recorder, SublayerEvent
 from tiny_k3.tokenizer import EOS, decode, token_text
 
 from tiny_k3.hooks import Hooks
@@ -89,14 +89,14 @@ class _Outputs(Recorder):
     def __init__(self):
         self.outputs: list[tuple[str, torch.Tensor]] = []
 
-    def record(self, event: str, layer: int, **d) -> None:
-        if event == "embed":
-            self.outputs.append(("embed", d["x"]))
-        elif event == "sublayer":
-            kind = {"moe": "MoE", "dense": "dense"}.get(d["kind"], d["kind"].upper())
-            self.outputs.append((f"L{layer} {d['site']} · {kind}", d["out"]))
-        elif event == "logits":
-            self.outputs.append(("head", d["logits"]))
+    def on(self, event: Event) -> None:
+        if isinstance(event, EmbedEvent):
+            self.outputs.append(("embed", event.x))
+        elif isinstance(event, SublayerEvent):
+            kind = {"moe": "MoE", "dense": "dense"}.get(event.kind, event.kind.upper())
+            self.outputs.append((f"L{event.layer} {event.site} · {kind}", event.out))
+        elif isinstance(event, LogitsEvent):
+            self.outputs.append(("head", event.logits))
 
 
 def first_divergence(a: _Outputs, b: _Outputs, rtol: float = DIVERGENCE_RTOL) -> str | None:
