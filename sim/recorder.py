@@ -176,7 +176,7 @@ class FrameRecorder(Recorder):
         return flat, read_only(np.cumsum([0] + sizes, dtype=np.int64))
 
     def _kda(self) -> list[tuple]:
-        """[one decode step's KDA fields]: (state or None, KDAInputs, kda_from, kda_depth, beta [L, H], norms [2, L, H]).
+        """[a decode step's KDA fields]: (state or None, KDAInputs, kda_from, kda_depth, beta [L, H], norms [2, L, H])
 
         The norms are ||S_t|| and the delta-rule write's norm. The state is kept (float16) only where
         recomputing it from the step's inputs after the state before it is not bit for bit the model's.

@@ -356,8 +356,8 @@ class Simulation:
                               FrameRecorder(self._bias_cache, self._kda_links, keyframe))
             self._cache, self._twin_cache = seg.cache, seg.twin_cache
             for p, rec in enumerate(seg.records, start):
-                memory = memory_record(self._cache, None if self.twin_model is None else self._twin_cache, self.twin_config,
-                                       p + 1, self._ints)
+                twin_cache = None if self.twin_model is None else self._twin_cache
+                memory = memory_record(self._cache, twin_cache, self.twin_config, p + 1, self._ints)
                 frame, logits = self._frame(rec, p, ids[p], self._prompt_choice(ids, p), True, memory,
                                             seg.step_ms, seg.twin_step_ms)
                 self._frames.append(frame)
