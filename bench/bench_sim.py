@@ -11,6 +11,9 @@
 3. The cost of a branch: go back 10 tokens and force another token (within the ring of recent snapshots:
    no replay; further back: a replay of up to SNAPSHOT_EVERY - 1 tokens).
 4. A what-if of 8 steps (original and branch side by side, off the timeline) vs 8 plain steps (target <= 2x).
+5. --prefill-only: loading a prompt (--prefill-bytes, default 1,200) with frames and the twin, in tokens per second
+   of process CPU time: stepped token by token (before, Simulation(prefill=False)) and batched (after, the
+   default, sim/prefill.py). Issue 24's target: k3-topo >= 20 tokens/s on one thread.
 The contenders take turns one step at a time, so a busy machine slows them alike; medians are printed.
 """
 
@@ -188,6 +191,21 @@ def bench_what_if(sim: Simulation, sync, steps: int = 8, reps: int = 5) -> None:
     print(f"  what-if of {steps} steps: {w:.1f} ms vs {steps} plain steps {r:.1f} ms = {w / r:.2f}x (target <= 2x)")
 
 
+def bench_prefill(preset: str, device: str, n_bytes: int, stepped: bool = True) -> None:
+    """Tokens/s of CPU time (process_time: this process's threads added up) to build a Simulation of an n-byte
+    prompt, stepped and prefilled (tests/test_prefill.py checks that the two hold the same frames)."""
+    prompt = (PROMPT * (n_bytes // len(PROMPT) + 1))[:n_bytes]
+    rates = {}
+    for name, prefill in (("before (stepped)", False), ("after (prefill)", True)) if stepped else \
+            (("after (prefill)", True),):
+        t0 = time.process_time()
+        sim = Simulation(preset, prompt, device=device, prefill=prefill)
+        rates[name] = len(sim.frames) / (time.process_time() - t0)
+    line = ", ".join(f"{k} {v:.1f} tok/s" for k, v in rates.items())
+    print(f"  {preset}: {len(sim.frames)} tokens ({n_bytes} bytes) with frames and twin, CPU time, "
+          f"{torch.get_num_threads()} thread(s): {line}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="small,k3-topo")
@@ -198,6 +216,10 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
     parser.add_argument("--memory-only", action="store_true", help="only the bytes per recorded token (section 2)")
+    parser.add_argument("--prefill-only", action="store_true",
+                        help="only the prompt load rate, stepped vs batched prefill (section 5; CPU time)")
+    parser.add_argument("--prefill-bytes", type=int, default=1200, help="prompt bytes for --prefill-only")
+    parser.add_argument("--after-only", action="store_true", help="with --prefill-only: skip the (slow) stepped run")
     args = parser.parse_args()
     print(provenance_line())
     global CLOCK
@@ -206,7 +228,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, clock {args.clock}")
     for preset in args.presets.split(","):
         steps = max(4, args.steps // 4) if preset == "k3-topo" else args.steps
-        if args.memory_only:
+        if args.prefill_only:
+            bench_prefill(preset, args.device, args.prefill_bytes, stepped=not args.after_only)
+        elif args.memory_only:
             print(f"\n== {preset} on {args.device}: memory only")
             bench_memory(preset, args.device, MEMORY_TOKENS)
         else:

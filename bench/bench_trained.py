@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from tiny_k3 import K3Config, TinyK3  # noqa: E402
 from tiny_k3.corpus import CLASSES, token_class  # noqa: E402
 from tiny_k3.recall import make_probes, recall_accuracy  # noqa: E402
-from tiny_k3.probe import Recorder  # noqa: E402
+from tiny_k3.probe import Event, MoEEvent, Recorder  # noqa: E402
 from tiny_k3.train import EVAL_SEED, corpus_rows, evaluate, train  # noqa: E402
 from provenance import provenance_line  # noqa: E402
 
@@ -43,9 +43,9 @@ class RoutingLog(Recorder):
     def __init__(self):
         self.ids: dict[int, list[torch.Tensor]] = {}
 
-    def record(self, event, layer, **data):
-        if event == "moe":
-            self.ids.setdefault(layer, []).append(data["expert_ids"])
+    def on(self, event: Event) -> None:
+        if isinstance(event, MoEEvent):
+            self.ids.setdefault(event.layer, []).append(event.expert_ids)
 
 
 @torch.no_grad()

@@ -1,8 +1,16 @@
 """Frame: everything that happened for one token. The one data contract every front end reads.
 
-A Frame is immutable and holds plain numpy arrays (no tensors, no references to the model), so a
-timeline of thousands of them is cheap and can be handed to any screen. Sublayer records are in
-execution order: for each layer, the attention sublayer then the MLP sublayer, then the output read.
+A Frame is immutable and hands out plain numpy arrays (read-only in a recorded one); it holds no reference
+to the model, so a timeline of thousands of them is cheap and can be handed to any screen. Sublayer records
+are in execution order: for each layer, the attention sublayer then the MLP sublayer, then the output read.
+
+What lies behind a recorded Frame (one the Simulation made, not one built from arrays by sim.runfile or a
+test): its records are views made on access of one StepArrays per step (sim/framestore.py), and its KDA
+states are not stored but recomputed on access, in torch on the CPU, by kda_step from the step's inputs
+after the state before it: a chain of up to 64 steps back to a float32 keyframe, which may be a view of the
+Simulation's branching snapshot (sim/kdastates.py; the last few recomputed are cached). In turn the
+Simulation's older snapshots keep only conv tails and read their S from a frame's record. So a recorded
+Frame keeps the step arrays before it in its chain alive, and reading `.state` costs up to 64 small torch calls.
 """
 
 from __future__ import annotations
@@ -94,6 +102,12 @@ class Choice:
     @property
     def is_forced(self) -> bool:
         return self.token is not None
+
+    def frame_fields(self) -> dict:
+        """A Frame's forced / temperature / seed fields for this choice (temperature and seed None when forced)."""
+        if self.is_forced:
+            return {"forced": True, "temperature": None, "seed": None}
+        return {"forced": False, "temperature": self.temperature, "seed": self.seed}
 
     def same_as(self, other: "Choice") -> bool:
         """Both choose the same way; two argmax choices agree whatever their seeds."""

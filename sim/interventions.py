@@ -212,6 +212,11 @@ CHANGES = (AblateExpert, ForceExperts, NoSelectionBias, ResetState, ScaleDecay, 
 
 def check_changes(changes, config: K3Config) -> tuple:
     """Validate each change against `config` and against each other; returns them as a tuple."""
+    return checked_hooks(changes, config)[0]
+
+
+def checked_hooks(changes, config: K3Config) -> tuple[tuple, Hooks]:
+    """(the changes as a tuple, their Hooks): validated against `config` and each other, turned into hooks once."""
     changes = tuple(changes)
     names = ", ".join(c.__name__ for c in CHANGES)
     for c in changes:
@@ -231,7 +236,7 @@ def check_changes(changes, config: K3Config) -> tuple:
         if config.num_experts - len(blocked) < config.top_k:
             raise InterventionError(f"layer {layer} would have {config.num_experts - len(blocked)} experts left, "
                                     f"fewer than top_k = {config.top_k}; ablate fewer.")
-    return changes
+    return changes, hooks
 
 
 def to_hooks(changes, config: K3Config, reset: bool = True) -> Hooks:

@@ -302,7 +302,11 @@ class RealSimulation(Simulation):
         if check_memory:
             check_ram(checkpoint, keep)
         self._stream_options = dict(keep=keep, progress=progress)
-        super().__init__(checkpoint.config, prompt, device=device or "cpu", weights="random", twin=False)
+        # prefill=False: every prompt token is one streamed decode step, so each reads only its own 16 experts
+        # per layer (the point of streaming, and what bytes_read(position) reports); a batched prefill would
+        # read the union of a whole segment's experts at once.
+        super().__init__(checkpoint.config, prompt, device=device or "cpu", weights="random", twin=False,
+                         prefill=False)
 
     def _build_models(self, weights: str, twin: bool):
         model = StreamedK3(self.checkpoint, self.device, **self._stream_options)

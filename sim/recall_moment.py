@@ -37,7 +37,7 @@ import torch
 from tiny_k3.attnres import DepthStream
 from tiny_k3.corpus import RECALL_MARK
 from tiny_k3.hooks import Hooks
-from tiny_k3.probe import Recorder
+from tiny_k3.probe import DepthEvent, EmbedEvent, Event, KDAEvent, Recorder, SublayerEvent
 from tiny_k3.tokenizer import BOS, EOS, decode, encode
 
 DIGITS = [ord(str(d)) for d in range(10)]
@@ -202,16 +202,16 @@ class _Capture(Recorder):
         self.out_weights: torch.Tensor | None = None
         self.h: torch.Tensor | None = None
 
-    def record(self, event: str, layer: int, **d) -> None:
-        if event == "kda":
-            self.kda[layer] = {k: d[k][0] for k in ("q", "k", "v", "g", "beta")}
-        elif event == "sublayer":
-            self.sublayers.append((layer, d["site"], d["kind"], d["out"][0]))
-        elif event == "embed":
-            self.embed = d["x"][0]
-        elif event == "depth" and d["site"] == "out":
-            self.out_weights = None if d["weights"] is None else d["weights"][0]
-            self.h = d["h"][0]
+    def on(self, event: Event) -> None:
+        if isinstance(event, KDAEvent):
+            self.kda[event.layer] = {k: getattr(event, k)[0] for k in ("q", "k", "v", "g", "beta")}
+        elif isinstance(event, SublayerEvent):
+            self.sublayers.append((event.layer, event.site, event.kind, event.out[0]))
+        elif isinstance(event, EmbedEvent):
+            self.embed = event.x[0]
+        elif isinstance(event, DepthEvent) and event.site == "out":
+            self.out_weights = None if event.weights is None else event.weights[0]
+            self.h = event.h[0]
 
 
 def write_contribution(q, k, g, writes, t: int, d: int) -> torch.Tensor:
@@ -368,12 +368,12 @@ def _is_partial_reset(changes) -> bool:
 
 
 def still_carried(sim, w) -> StillCarried | None:
-    """For a what-if `w` made at sim's cursor (w.position == sim.cursor) whose changes reset some KDA heads
-    or layers (not all) and left the next token unchanged: the same token with every KDA state reset, and
-    with each KDA layer reset alone (up to PER_LAYER_LIMIT layers). None for any other what-if."""
+    """For a what-if `w` of sim's whose changes reset some KDA heads or layers (not all) and left the next
+    token unchanged: the same token (frame w.position) with every KDA state reset, and with each KDA layer
+    reset alone (up to PER_LAYER_LIMIT layers). None for any other what-if."""
     from .interventions import ResetState
 
-    if not _is_partial_reset(w.changes) or sim.cursor != w.position:
+    if not _is_partial_reset(w.changes):
         return None
     answer_id, answer, _ = w.top_before[0][0]
     if w.top_after[0][0][0] != answer_id:
@@ -383,9 +383,9 @@ def still_carried(sim, w) -> StillCarried | None:
         return float(torch.softmax(torch.tensor(np.array(logits), dtype=torch.float64), -1)[answer_id])
 
     p_before, p_reset = p_answer(w.logits_before[0]), p_answer(w.logits_after[0])
-    every = sim.what_if(ResetState())
+    every = sim.what_if(ResetState(), at=w.position)
     kda = sim.config.kda_layers
     layers = [] if len(kda) > PER_LAYER_LIMIT else [
-        (layer, p_answer(sim.what_if(ResetState(layer)).logits_after[0])) for layer in kda]
+        (layer, p_answer(sim.what_if(ResetState(layer), at=w.position).logits_after[0])) for layer in kda]
     return StillCarried(answer, p_before, p_reset, p_answer(every.logits_after[0]), every.top_after[0][0][1],
                         tuple(sorted(layers, key=lambda lp: lp[1])), bool(sim.config.mla_layers))

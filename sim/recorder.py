@@ -1,8 +1,8 @@
 """FrameRecorder: what one decode step reports through tiny_k3.probe, kept as numpy records for a Frame.
 
-The model calls `record(event, layer, **tensors)` once per sublayer (see tiny_k3/probe.py for the events).
-Recording does no tensor work per event: it keeps references to the step's tensors (the model makes new
-ones every step and never updates them in place) in a NamedTuple per event. `finish()` then works per
+The model reports once per sublayer, and `on` receives each report as a typed event (tiny_k3/probe.py).
+Recording does no tensor work per event: it keeps the events, references to the step's tensors (the model
+makes new ones every step and never updates them in place). `finish()` then works per
 kind of record, not per layer: one stack of every KDA state of the step, one of every score vector, one
 reduction for every RMS, ... and one transfer to the CPU per kind, into one StepArrays (sim/framestore.py)
 that the step's records are thin read-only views of.
@@ -21,58 +21,40 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tiny_k3.probe import Recorder
+from tiny_k3.probe import DepthEvent, EmbedEvent, Event, KDAEvent, LogitsEvent, MoEEvent, Recorder, SublayerEvent
 
 from .frame import DepthRecord, KDARecord, RoutingRecord, SublayerRecord
 from .framestore import Layout, PackedFloats, Records, StepArrays, id_dtype, read_only
 from .kdastates import KDA_CHAIN, KDAInputs, KDALinks, Keyframe
 
-_EMPTY = read_only(np.zeros(0, np.float32))
+_PREVIOUS = object()   # a prefill step's kda_from: the step made just before it (sim/recorder.py _kda_chain)
+_NO_KDA = (read_only(np.zeros((0, 0, 0, 0), np.float16)), None, None, 0, read_only(np.zeros((0, 0), np.float32)),
+           read_only(np.zeros((2, 0, 0), np.float32)))
 
 
 # Events keep the model's tensors as they come, [B=1, T, ...], and finish() takes position -1 once per kind
 # after concatenating them: an index per tensor per event was ~2/3 of recording's cost at k3-topo's 560 events.
 
 
-class EmbedEvent(NamedTuple):
-    x: torch.Tensor                       # [1, T, D] the input token's embedding
-
-
-class DepthEvent(NamedTuple):
-    layer: int
-    site: str                             # "attn", "mlp" or "out"
-    weights: torch.Tensor | None          # [1, T, N] over the depth sources (None for the standard residual)
-    h: torch.Tensor                       # [1, T, D] the sublayer input
-
-
-class KDAEvent(NamedTuple):
-    layer: int
-    prev_state: torch.Tensor | None       # [1, H, K, V] before this token (None at the first token)
-    state: torch.Tensor                   # [1, H, K, V] after it
-    g: torch.Tensor                       # [1, T, H, K] log decay
-    beta: torch.Tensor                    # [1, T, H] write strength
-    k: torch.Tensor                       # [1, T, H, K] the key kda_step wrote under (L2-normalised)
-    v: torch.Tensor                       # [1, T, H, V] the value
-
-
-class MoEEvent(NamedTuple):
-    layer: int
-    scores: torch.Tensor                  # [1, T, E] unbiased sigmoid affinities
-    bias: np.ndarray                      # [E] the selection bias (shared between frames while it is unchanged)
-    expert_ids: torch.Tensor              # [1, T, k]
-    weights: torch.Tensor                 # [1, T, k]
-
-
-class SublayerEvent(NamedTuple):
-    layer: int
-    site: str                             # "attn" or "mlp"
-    kind: str                             # "kda", "mla", "dense" or "moe"
-    out: torch.Tensor                     # [1, T, D] what the sublayer wrote to the stream
-
-
 def _last(tensors: list[torch.Tensor]) -> torch.Tensor:
     """[1, T, *] each -> [n, *]: every tensor's last position, in one cat and one index."""
     return torch.cat(tensors)[:, -1]
+
+
+def _steps(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[1, T, *] each -> [T, n, *]: every position's values, in one cat and one view (T = 1: `_last`'s view)."""
+    return torch.cat(tensors).transpose(0, 1)
+
+
+class Tee(Recorder):
+    """Hands every event to two recorders (a Frame's and a what-if's), in order."""
+
+    def __init__(self, first: Recorder, second: Recorder):
+        self.first, self.second = first, second
+
+    def on(self, event: Event) -> None:
+        self.first.on(event)
+        self.second.on(event)
 
 
 class StepRecord(NamedTuple):
@@ -125,64 +107,82 @@ class FrameRecorder(Recorder):
             hit = self._bias_cache[layer] = (key, _numpy(bias.detach().clone()))
         return hit[1]
 
-    def record(self, event: str, layer: int, **d) -> None:
-        if event == "depth":
-            self.depth.append(DepthEvent(layer, d["site"], d["weights"], d["h"]))
-        elif event == "sublayer":
-            self.sublayers.append(SublayerEvent(layer, d["site"], d["kind"], d["out"]))
-        elif event == "moe":
-            scores = d["scores"]
-            self.moe.append(MoEEvent(layer, scores, self._bias(layer, d["bias"], scores.shape[-1]),
-                                     d["expert_ids"], d["weights"]))
-        elif event == "kda":
-            self.kda.append(KDAEvent(layer, d["prev_state"], d["state"], d["g"], d["beta"], d["k"], d["v"]))
-        elif event == "embed":
-            self.embed = EmbedEvent(d["x"])
-        elif event == "logits":
-            self.logits = d["logits"]
+    def on(self, event: Event) -> None:
+        kind = type(event)
+        if kind is DepthEvent:
+            self.depth.append(event)
+        elif kind is SublayerEvent:
+            self.sublayers.append(event)
+        elif kind is MoEEvent:   # the bias as numpy, one array per layer while it is unchanged
+            self.moe.append(event._replace(bias=self._bias(event.layer, event.bias, event.scores.shape[-1])))
+        elif kind is KDAEvent:
+            self.kda.append(event)
+        elif kind is EmbedEvent:
+            self.embed = event
+        elif kind is LogitsEvent:
+            self.logits = event.logits
 
     def finish(self) -> StepRecord:
-        """The recorded step as numpy records: one batched computation and transfer per kind of record into
-        one StepArrays (sim/framestore.py), the records thin views of it."""
+        """The recorded decode step (one token) as numpy records: one batched computation and transfer per
+        kind of record into one StepArrays (sim/framestore.py), the records thin views of it."""
+        return self.finish_steps()[-1]
+
+    def finish_steps(self) -> list[StepRecord]:
+        """One StepRecord per position of the recorded forward, in order: one for a decode step, T for a
+        prefill segment of T tokens (sim/prefill.py), every kind still computed once for all T."""
         with torch.inference_mode():   # (~60 small ops, all read only: a tenth less dispatch each, as the model's)
             return self._finish()
 
-    def _finish(self) -> StepRecord:
+    def _finish(self) -> list[StepRecord]:
+        T = self.logits.shape[1] if self.logits is not None else 1
         rms_of = [e.x for e in (self.embed,) if e is not None] + [e.h for e in self.depth] + \
                  [e.out for e in self.sublayers]
-        rms = _numpy(_last(rms_of).float().pow(2).mean(-1).sqrt()) if rms_of else _EMPTY
+        rms = (_numpy(_steps(rms_of).float().pow(2).mean(-1).sqrt()) if rms_of         # [T, n]
+               else read_only(np.zeros((T, 0), np.float32)))
         first = 1 if self.embed is not None else 0
-        embed_norm = float(rms[0]) if first else 0.0
-        h_norms, out_norms = rms[first:first + len(self.depth)], rms[first + len(self.depth):]
-        depth_weights, depth_offsets = self._depth()
-        kda = self._kda()
-        scores, expert_ids, routing_weights = self._routing()
+        depth_weights, depth_offsets = self._depth(T)
+        kda = self._kda() if T == 1 else self._kda_chain(T)
+        scores, expert_ids, routing_weights = self._routing(T)
+        bias = tuple(e.bias for e in self.moe)
         layout = Layout.of([(e.layer,) for e in self.moe], [(e.layer,) for e in self.kda],
                            [(e.layer, e.site) for e in self.depth], [(e.layer, e.site, e.kind) for e in self.sublayers])
-        step = StepArrays(scores, tuple(e.bias for e in self.moe), expert_ids, routing_weights, *kda,
-                          depth_weights, depth_offsets, h_norms, out_norms, layout)
-        if self.kda and step.state is None:     # recomputable: the next step may continue from this one
+        logits = _numpy(self.logits[0]) if self.logits is not None else read_only(np.zeros((T, 0), np.float32))
+        out, step = [], None
+        for t in range(T):
+            state, inputs, kda_from, depth, beta, norms = kda[t]
+            if kda_from is _PREVIOUS:          # a prefill's chain: this step's states follow the step before's
+                kda_from, depth = step, step.kda_depth + 1
+            step = StepArrays(PackedFloats.pack(scores[t]), bias, expert_ids[t], routing_weights[t], state, inputs,
+                              kda_from, depth, beta, norms, depth_weights[t], depth_offsets,
+                              rms[t, first:first + len(self.depth)], rms[t, first + len(self.depth):], layout)
+            out.append(StepRecord(float(rms[t, 0]) if first else 0.0, Records(step, "depth"), Records(step, "kda"),
+                                  Records(step, "routing"), Records(step, "sublayers"), logits[t]))
+        self.last_step = step
+        if T == 1 and self.kda and step.state is None:   # recomputable: the next step may continue from this one
             self._links.add(step, [e.state for e in self.kda])
-        logits = _numpy(self.logits[0, -1]) if self.logits is not None else _EMPTY
-        return StepRecord(embed_norm, Records(step, "depth"), Records(step, "kda"), Records(step, "routing"),
-                          Records(step, "sublayers"), logits)
+        return out
 
-    def _depth(self) -> tuple[np.ndarray, np.ndarray]:
-        """(every read's weights concatenated [sum N] float32, offsets [reads + 1] int64)."""
+    def link(self, states: list[torch.Tensor]) -> None:
+        """Let the next step continue the last recorded step's chain from `states` (per KDA layer): the states
+        a prefill hands to the decode cache, equal to that step's recomputation (sim/prefill.py)."""
+        self._links.add(self.last_step, states)
+
+    def _depth(self, T: int) -> tuple[np.ndarray, np.ndarray]:
+        """(every read's weights concatenated, per position [T, sum N] float32, offsets [reads + 1] int64)."""
         read = [e.weights for e in self.depth if e.weights is not None]
-        flat = _numpy(torch.cat(read, -1)[0, -1]) if read else _EMPTY           # [1, T, sum N] -> [sum N]
+        flat = (_numpy(torch.cat(read, -1)[0]) if read                                  # [1, T, sum N] -> [T, sum N]
+                else read_only(np.zeros((T, 0), np.float32)))
         sizes = [0 if e.weights is None else e.weights.shape[-1] for e in self.depth]
         return flat, read_only(np.cumsum([0] + sizes, dtype=np.int64))
 
-    def _kda(self) -> tuple:
-        """StepArrays' KDA fields: (state or None, KDAInputs, kda_from, kda_depth, beta [L, H], norms [2, L, H]).
+    def _kda(self) -> list[tuple]:
+        """[a decode step's KDA fields]: (state or None, KDAInputs, kda_from, kda_depth, beta [L, H], norms [2, L, H])
 
         The norms are ||S_t|| and the delta-rule write's norm. The state is kept (float16) only where
         recomputing it from the step's inputs after the state before it is not bit for bit the model's.
         """
         if not self.kda:
-            return (read_only(np.zeros((0, 0, 0, 0), np.float16)), None, None, 0, read_only(np.zeros((0, 0), np.float32)),
-                    read_only(np.zeros((2, 0, 0), np.float32)))
+            return [_NO_KDA]
         state = torch.cat([e.state for e in self.kda]).float()                        # [L, H, K, V]
         g = _last([e.g for e in self.kda]).float()                                     # [L, H, K]
         prev = torch.cat([torch.zeros_like(e.state) if e.prev_state is None else e.prev_state
@@ -199,7 +199,45 @@ class FrameRecorder(Recorder):
         else:
             kda_from, depth, exact = None, 0, False
         kept = None if exact else _numpy(state, torch.float16)
-        return kept, inputs, kda_from, depth, beta, norms
+        return [(kept, inputs, kda_from, depth, beta, norms)]
+
+    def _kda_chain(self, T: int) -> list[tuple]:
+        """[T steps' KDA fields] for a prefill segment: the per-token states are not the model's (its chunked
+        form gives only the segment's last), so they are defined as the chain the recomputation walks: kda_step
+        after kda_step from the state before the segment (KDAInputs.advance, in the same float32 on the CPU,
+        so that a frame's recomputed state is exactly the one measured here). Kept in `chain_states`."""
+        if not self.kda:
+            return [_NO_KDA] * T
+        cpu = [e.state.device.type == "cpu" for e in self.kda]
+        g = _steps([e.g for e in self.kda]).float().cpu()                              # [T, L, H, K]
+        k, v = (_numpy(_steps([getattr(e, n) for e in self.kda])) for n in ("k", "v"))  # [T, L, H, K|V]
+        beta = _numpy(_steps([e.beta for e in self.kda]))                               # [T, L, H]
+        prev = torch.cat([torch.zeros_like(e.state) if e.prev_state is None else e.prev_state
+                          for e in self.kda]).float().cpu()                             # [L, H, K, V]
+        kda_from, depth = self._chain() if all(cpu) else (self._copy_keyframe(), 0)
+        gs, inputs, states = _numpy(g), [], []
+        state = prev   # (a linked parent's output states are these very tensors, equal to its recomputation)
+        for t in range(T):
+            inputs.append(KDAInputs(k[t], v[t], gs[t]))
+            state = inputs[t].advance(beta[t], state)
+            states.append(state)
+        self.chain_states = torch.stack(states)                                        # [T, L, H, K, V]
+        prevs = torch.cat([prev[None], self.chain_states[:-1]])
+        write = self.chain_states - g.exp()[..., None] * prevs                          # kda.md §1, as _kda
+        norms = _numpy(torch.linalg.vector_norm(torch.stack([self.chain_states, write], 1), dim=(-2, -1)))
+        out = []
+        for t in range(T):
+            if t == 0:
+                start, d = kda_from, depth
+            elif (depth + t) % KDA_CHAIN == 0:   # a chain is at most KDA_CHAIN steps: start another here
+                start, d = Keyframe(tuple(read_only(s.numpy()) for s in self.chain_states[t - 1])), 0
+            else:
+                start, d = _PREVIOUS, None
+            out.append((None, inputs[t], start, d, beta[t], norms[t]))
+        return out
+
+    def _copy_keyframe(self) -> Keyframe:
+        return Keyframe(tuple(None if e.prev_state is None else _numpy(e.prev_state[0].clone()) for e in self.kda))
 
     def _chain(self) -> tuple:
         """(kda_from, kda_depth) for this step: the session's snapshot, the step before, or a copied keyframe."""
@@ -216,12 +254,12 @@ class FrameRecorder(Recorder):
             return parent, parent.kda_depth + 1
         return Keyframe(tuple(None if p is None else _numpy(p[0].clone()) for p in prevs)), 0
 
-    def _routing(self) -> tuple[PackedFloats, np.ndarray, np.ndarray]:
-        """(scores [R, E] packed losslessly, expert ids [R, k] int16, weights [R, k] float32)."""
+    def _routing(self, T: int) -> tuple[list[PackedFloats] | np.ndarray, np.ndarray, np.ndarray]:
+        """(scores [T, R, E], expert ids [T, R, k] int16, weights [T, R, k] float32)."""
         if not self.moe:
-            return (PackedFloats.pack(np.zeros((0, 0), np.float32)), read_only(np.zeros((0, 0), np.int16)),
-                    read_only(np.zeros((0, 0), np.float32)))
-        scores = _last([e.scores for e in self.moe]).float().cpu().numpy()                   # [R, E]
-        ids = read_only(_last([e.expert_ids for e in self.moe]).cpu().numpy().astype(id_dtype(scores.shape[1])))
-        weights = _numpy(_last([e.weights for e in self.moe]))
-        return PackedFloats.pack(scores), ids, weights
+            empty = read_only(np.zeros((T, 0, 0), np.float32))
+            return empty, read_only(np.zeros((T, 0, 0), np.int16)), empty
+        scores = _steps([e.scores for e in self.moe]).float().cpu().numpy()                 # [T, R, E]
+        ids = read_only(_steps([e.expert_ids for e in self.moe]).cpu().numpy().astype(id_dtype(scores.shape[-1])))
+        weights = _numpy(_steps([e.weights for e in self.moe]))
+        return scores, ids, weights

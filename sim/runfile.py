@@ -1,12 +1,16 @@
 """Runs you can keep: a whole Simulation (prompt, preset, seed, weights id, every Frame) in one safe file.
 
     sim.save("run.npz")                # or runfile.save(sim, path, cursor=i)
-    sim2 = sim.load("run.npz")         # a live Simulation again, at the saved cursor: it can step on
+    sim2 = sim.load("run.npz")         # Simulation.from_run: a live Simulation again, at the saved cursor
     run = runfile.read("run.npz")      # no model at all: run.meta, run.frames, run.arrays (numpy tables)
+
+This module is the format (writing, reading, replaying a read run through a given Simulation); it imports no
+Simulation: `Simulation.from_run` (sim/session.py) builds one and hands it to `replay`.
 
 Format (version 1): one uncompressed-by-default numpy .npz archive, read with `allow_pickle=False`, so
 nothing in it is ever unpickled. Member "meta.json" holds UTF-8 JSON (format name, version, preset and its
-config, prompt, seeds, temperature, weights and their id, cursor, the record layout of a frame); every
+config, prompt, seeds, temperature, weights and their id, cursor, the record layout of a frame, and
+"prefill": whether the prompt was recorded from batched forwards; absent in older files, which were stepped); every
 other member is one array over all F frames, named "<record>.<field>":
 
     frame.*       index, position, input_id, token_id, forced, step_ms, twin_step_ms, embed_norm [F]
@@ -19,7 +23,7 @@ other member is one array over all F frames, named "<record>.<field>":
     memory.*      kv_bytes, state_bytes, twin_kv_bytes [F] int64, layer_bytes [F, layers] int64
 
 R, L, D, S: the MoE layers, KDA layers, depth reads and sublayers of one token, listed in meta in order.
-`load` rebuilds the model from (preset, seed, weights), replays the recorded choices through it (the
+`Simulation.from_run` rebuilds the model from (preset, seed, weights), replays the recorded choices through it (the
 decode state is recomputed, not stored) and checks that every recomputed Frame equals the stored one,
 so a file from other weights or another version says so in one sentence instead of showing wrong frames.
 """
@@ -36,14 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from tiny_k3.config import K3Config
 from tiny_k3.tokenizer import BYTES, StoredTokenizer, token_text
 from tiny_k3.weights import weights_path
 
 from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord, depth_source_names
-from .session import Simulation
 
 FORMAT = "tiny-k3 run"
 RELEASED = "released "        # the weights label of a run streamed from a released-format folder (sim/real.py)
@@ -62,7 +64,7 @@ class SavedRun:
 # ---------------------------------------------------------------------------- writing
 
 
-def weights_id(sim: Simulation) -> str:
+def weights_id(sim) -> str:
     """What made the weights: "trained <file> sha256:<12 hex>" or "random init, seed N"."""
     if sim.weights.startswith(RELEASED):   # streamed from a released-format folder (sim/real.py): its name
         return sim.weights
@@ -105,7 +107,7 @@ def _arrays(frames: list[Frame]) -> dict[str, np.ndarray]:
     return out
 
 
-def save(sim: Simulation, path, cursor: int | None = None) -> Path:
+def save(sim, path, cursor: int | None = None) -> Path:
     """Write `sim` to `path` (an .npz archive, see the module docstring); `cursor` defaults to sim.cursor.
 
     The file appears whole or not at all (written beside it, then renamed), so quitting mid-save loses nothing.
@@ -123,6 +125,7 @@ def save(sim: Simulation, path, cursor: int | None = None) -> Path:
         "config": dataclasses.asdict(sim.config), "prompt": sim.prompt, "seed": sim.seed,
         "sample_seed": sim.sample_seed, "temperature": sim.temperature, "weights": sim.weights,
         "weights_id": weights_id(sim), "twin": sim.twin_model is not None, "prompt_len": sim.prompt_len,
+        "prefill": bool(getattr(sim, "prefilled", False)),
         "cursor": int(cursor), "frames": len(frames), **layout,
     }
     if sim.weights.startswith(RELEASED) or sim.tokenizer is not BYTES:
@@ -202,23 +205,36 @@ def _choice(frame: Frame) -> dict:
     return {"temperature": frame.temperature, "seed": frame.seed}
 
 
-def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:
-    """Reopen a saved run as a live Simulation at its saved cursor (see the module docstring); a run streamed
-    from a released checkpoint (sim/real.py) opens read-only, as a StreamedRun.
+def is_released(run: SavedRun) -> bool:
+    """The run was streamed from a released checkpoint (sim/real.py): its weights are not a preset's."""
+    return str(run.meta.get("weights", "")).startswith(RELEASED)
 
-    progress(done, total) is called as frames are recomputed (Simulation's prompt prefill, then the rest).
-    """
-    run = read(path)
+
+def check_replayable(run: SavedRun, name: str) -> None:
+    """One clear error for a run that no model here can replay (streamed from a released checkpoint)."""
+    if is_released(run):
+        raise ValueError(f"{name} was streamed from a released checkpoint ({run.meta['weights']}), which cannot be "
+                         f"replayed here; open it read-only with sim.load or `tiny-k3 --open`, or stream the folder "
+                         f"again with `python -m sim real`.")
+
+
+def simulation_args(run: SavedRun) -> dict:
+    """The keyword arguments of the Simulation that recorded `run` (its prompt built the way it was: a file from
+    before the batched prefill has no "prefill" field, and was stepped)."""
+    meta = run.meta
+    return dict(preset=meta["preset"], prompt=meta["prompt"], seed=meta["seed"], weights=meta["weights"],
+                twin=meta["twin"], prefill=meta.get("prefill", False))
+
+
+def replay(sim, run: SavedRun, name: str, progress=None):
+    """Replay `run`'s recorded choices through `sim` (a fresh Simulation made with simulation_args(run)) and check
+    every recomputed Frame against the stored one; -> sim at the saved cursor. progress(done, total) as frames
+    are recomputed past the prompt."""
     meta, saved = run.meta, run.frames
-    name = Path(path).name
-    if str(meta.get("weights", "")).startswith(RELEASED):
-        return StreamedRun(run, name)
-    total = len(saved)
-    sim = Simulation(meta["preset"], meta["prompt"], seed=meta["seed"], device=device, weights=meta["weights"],
-                     twin=meta["twin"], progress=None if progress is None else (lambda done, _: progress(done, total)))
     if weights_id(sim) != meta["weights_id"]:
         raise ValueError(f"{name} was recorded with weights '{meta['weights_id']}' but this installation has "
                          f"'{weights_id(sim)}', so its frames cannot be reproduced.")
+    total = len(saved)
     for i in range(total - 1):            # frame i's choice is frame i + 1's input: replay every choice
         have = sim.frames
         if i + 1 < len(have) and have[i].token_id == saved[i].token_id and have[i].forced == saved[i].forced:
@@ -263,38 +279,3 @@ def relabelled(frames: list[Frame], tokenizer) -> list[Frame]:
 def config_from_dict(fields: dict) -> K3Config:
     """A K3Config from its dataclasses.asdict in a run file's meta (JSON made its tuples lists)."""
     return K3Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-
-
-class StreamedRun(Simulation):
-    """A run streamed from a released checkpoint (sim/real.py), reopened from its file without the weights.
-
-    Every recorded Frame can be looked at (routing, KDA state, depth weights, memory) and stepped through;
-    nothing can be computed: a step past the last frame, a changed choice, a what-if or a recall moment is a
-    ValueError saying so (`read_only_reason`). The attributes are those a Simulation has (sim/session.py)."""
-
-    def __init__(self, run: SavedRun, name: str):
-        meta = run.meta
-        self.config = config_from_dict(meta["config"])
-        self.twin_config = self.config.twin()
-        self.seed, self.sample_seed, self.temperature = meta["seed"], meta["sample_seed"], meta["temperature"]
-        self.prompt, self.prompt_len, self.weights = meta["prompt"], meta["prompt_len"], meta["weights"]
-        self.tokenizer = stored_tokenizer(meta) if "tokenizer" in meta else BYTES
-        self.device = torch.device("cpu")
-        self.model, self.twin_model, self.twin_weights = None, None, "none"
-        self._frames, self._logits, self._snapshots = list(run.frames), [], {}
-        self.cursor = meta["cursor"]
-        self.read_only_reason = (f"{name} was streamed from a released checkpoint ({meta['weights']}) whose weights "
-                                 f"are not here: its frames can be looked at, not extended, changed or recomputed; "
-                                 f"stream the folder again with `python -m sim real`.")
-
-    def step(self, force_token=None, temperature=None, seed=None) -> Frame:
-        if force_token is None and temperature is None and seed is None and self.cursor + 1 < len(self._frames):
-            self.cursor += 1
-            return self.frame
-        raise ValueError(self.read_only_reason)
-
-    def what_if(self, *changes, **options):
-        raise ValueError(self.read_only_reason)
-
-    def recall_moment(self, i: int | None = None):
-        raise ValueError(self.read_only_reason)

@@ -5,8 +5,10 @@
     sim.back(); sim.step(force_token="9")   # branch: a different choice from the saved decode state
 
 Timeline rule: frame i processes the input token at position i; `frame.token_id` is the token that follows
-it (the next prompt token, or the one chosen from frame i's logits). The prompt is fed one token at a time
-through the real cached decode path, so every token, prompt or generated, has its Frame.
+it (the next prompt token, or the one chosen from frame i's logits). Every token, prompt or generated, has its
+Frame. The prompt but its last token goes through the model 64 tokens a forward and is recorded per token from
+those batched forwards (sim/prefill.py: the same frames to float rounding, tested); its last token, and with
+prefill=False every token, is one step of the cached decode path, as every generated token is.
 
 Beside the hybrid runs its softmax twin (`config.twin()`: every attention layer gated MLA), teacher-forced
 on the same tokens, so every Frame carries both models' measured cache bytes and step times.
@@ -22,9 +24,11 @@ recomputed from the keyframe and each step's kda_step inputs, bit for bit).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,11 +40,15 @@ from tiny_k3.probe import Recorder
 from tiny_k3.tokenizer import BYTES, EOS
 from tiny_k3.weights import config_for
 
-from .frame import Choice, Frame, MemoryRecord, SublayerView, depth_source_names
+from . import runfile
+from .frame import Choice, Frame, SublayerView, depth_source_names
 from .memory import non_negative_int
 from .prompt import prompt_ids
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
-from .recorder import FrameRecorder
+from .prefill import memory_record, run_segment, segment_snapshots, segments
+from .recorder import FrameRecorder, StepRecord, Tee
+from .sampling import generator_seed, sample_token, token_id, top_tokens  # noqa: F401  (sim.session.sample_token)
+from .whatif import WhatIf, WhatIfPlan, what_if
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
 SNAPSHOT_EVERY = 16     # keep the KDA states every 16 tokens: a branch replays at most 15 tokens
@@ -48,53 +56,6 @@ RECENT_SNAPSHOTS = 16   # ... and after each of the last 16 tokens (a fixed cost
 KEYFRAME_EVERY = KDA_CHAIN  # a snapshot every 64 tokens keeps its KDA states whole: the frames' states are
                             # recomputed from it (sim/framestore.py); the others keep the conv tails and
                             # recompute S from their frame when a branch restores them
-
-
-# ---------------------------------------------------------------------------- sampling
-
-
-def generator_seed(seed: int, position: int) -> int:
-    """A 63-bit seed from (seed, position), the same on every machine and run (unlike Python's hash())."""
-    state = np.random.SeedSequence([seed % (1 << 64), position]).generate_state(1, dtype=np.uint64)[0]
-    return int(state) & ((1 << 63) - 1)
-
-
-def sample_token(logits: np.ndarray, temperature: float, seed: int, position: int) -> int:
-    """logits [vocab] -> one token id: argmax at temperature 0, else a draw from softmax(logits / T).
-
-    The draw is an inverse-CDF lookup of one uniform from torch.Generator(seed from (seed, position)),
-    computed in float64 numpy, so it is reproducible and independent of the model's device.
-    """
-    if temperature == 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    cdf = np.cumsum(p)
-    u = torch.rand((), generator=torch.Generator().manual_seed(generator_seed(seed, position)),
-                   dtype=torch.float64).item()
-    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
-
-
-def top_tokens(logits: np.ndarray, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """The n most likely next tokens under softmax(logits) (temperature 1): (ids int64, probs float32)."""
-    z = logits.astype(np.float64)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    ids = np.argsort(-p, kind="stable")[:n]
-    top_ids, top_probs = ids.astype(np.int64), p[ids].astype(np.float32)
-    top_ids.flags.writeable = top_probs.flags.writeable = False
-    return top_ids, top_probs
-
-
-class _Tee(Recorder):
-    """Hands every event to two recorders (a Frame's and a what-if's), in order."""
-
-    def __init__(self, first: Recorder, second: Recorder):
-        self.first, self.second = first, second
-
-    def record(self, event: str, layer: int, **data) -> None:
-        self.first.record(event, layer, **data)
-        self.second.record(event, layer, **data)
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -149,9 +110,10 @@ class Simulation:
 
     def __init__(self, preset: str | K3Config = DEFAULT_PRESET, prompt: str = DEFAULT_PROMPT, *, seed: int = 0,
                  device: str | None = "cpu", temperature: float = 0.0, weights: str = "auto", twin: bool = True,
-                 progress=None):
-        """progress(done, total), if given, is called after each prompt token; whatever it raises abandons the
-        build (a front end's cancel: the TUI stops a long k3-topo prefill between tokens)."""
+                 progress=None, prefill: bool = True):
+        """progress(done, total), if given, is called for each prompt token as it is recorded; whatever it raises
+        abandons the build (a front end's cancel: the TUI stops a long k3-topo prefill between segments).
+        prefill: record the prompt from batched forwards (sim/prefill.py); False: one decode step a token."""
         self.config = _resolve_config(preset)
         self.twin_config = self.config.twin()
         self.seed = non_negative_int(seed, "seed")
@@ -173,10 +135,11 @@ class Simulation:
         self._kda_links = KDALinks()                 # frames' KDA states are recomputed from the step before
         self._off_timeline_links = KDALinks()        # ... and a what-if's from its own step before
         self._ints: dict[int, int] = {}
-        for i, tok in enumerate(ids):
-            choice = (Choice.forced(ids[i + 1]) if i + 1 < len(ids)
-                      else Choice.sampled(self.temperature, self.sample_seed))
-            self._advance(tok, choice, prompt=True)
+        self.prefilled = bool(prefill)               # how the prompt was recorded (a run file replays it so)
+        if self.prefilled:
+            self._prefill(ids, progress)
+        for i in range(len(self._frames), len(ids)):   # (stepping: all of them)
+            self._advance(ids[i], self._prompt_choice(ids, i), prompt=True)
             if progress is not None:
                 progress(i + 1, len(ids))
         self.prompt_len = len(ids)
@@ -225,7 +188,7 @@ class Simulation:
         token with them when they differ from how it was chosen. Either way a changed choice branches.
         """
         frame = self.frame
-        forced = None if force_token is None else self._token(force_token)
+        forced = None if force_token is None else token_id(force_token, self.tokenizer)
         t = self.temperature if temperature is None else _temperature(temperature)
         s = self.sample_seed if seed is None else non_negative_int(seed, "seed")
         if self.cursor + 1 >= self.config.max_seq_len:
@@ -248,16 +211,25 @@ class Simulation:
         self.cursor = len(self._frames) - 1
         return self.frame
 
-    def what_if(self, *changes, steps: int = 1, progress=None):
-        """What would the model have done at the cursor if ... (sim.interventions changes) -> sim.whatif.WhatIf.
+    def what_if(self, *changes, at: int | None = None, steps: int = 1, progress=None) -> WhatIf:
+        """What would the model have done at frame `at` (default: the cursor) if ... -> sim.whatif.WhatIf.
 
-        Recomputes the cursor's frame with the changes in force, then steps - 1 more tokens, beside the
-        original, from the decode state saved before the cursor; the timeline is left exactly as it was.
+        changes: sim.interventions changes, or one sim.whatif.WhatIfPlan made from them. Recomputes frame `at`
+        with the changes in force, then steps - 1 more tokens, beside the original, from the decode state
+        before it (caches_at); the timeline and the cursor are left exactly as they were.
         progress(done, steps), if given, is called after each step; whatever it raises abandons the what-if.
         """
-        from .whatif import what_if
+        plan = WhatIfPlan.of(changes[0] if len(changes) == 1 and isinstance(changes[0], WhatIfPlan) else changes,
+                             self.config)
+        return what_if(self, plan, self.cursor if at is None else self._index(at), steps, progress)
 
-        return what_if(self, changes, steps, progress)
+    def view(self, frames) -> "Simulation":
+        """A read-only copy over other `frames` (a what-if's branch, sim.whatif.branch_timeline): the same model
+        and config, its cursor on the last frame. The views over frames work; stepping it does not."""
+        other = copy.copy(self)
+        other._frames, other._logits = list(frames), []
+        other.cursor = len(other._frames) - 1
+        return other
 
     # ------------------------------------------------------------------ views over the timeline
     def step_into(self, i: int | None = None) -> list[SublayerView]:
@@ -319,10 +291,21 @@ class Simulation:
         return out
 
     def save(self, path, cursor: int | None = None):
-        """Write the whole run to `path` (sim/runfile.py: JSON + npz, nothing pickled); `sim.load` reopens it."""
-        from . import runfile   # runfile imports this module to rebuild a Simulation
-
+        """Write the whole run to `path` (sim/runfile.py: JSON + npz, nothing pickled); `from_run` reopens it."""
         return runfile.save(self, path, cursor=cursor)
+
+    @classmethod
+    def from_run(cls, path, *, device: str | None = "cpu", progress=None) -> "Simulation":
+        """Reopen a saved run as a live Simulation at its saved cursor (sim/runfile.py): the model rebuilt from
+        (preset, seed, weights), the recorded choices replayed and every Frame checked against the file.
+        progress(done, total) is called as frames are recomputed (the prompt's, then the rest)."""
+        run = runfile.read(path)
+        name = Path(path).name
+        runfile.check_replayable(run, name)
+        total = len(run.frames)
+        sim = cls(**runfile.simulation_args(run), device=device,
+                  progress=None if progress is None else (lambda done, _: progress(done, total)))
+        return runfile.replay(sim, run, name, progress)
 
     def snapshot_bytes(self) -> int:
         """Bytes held by the saved KDA states that make branching cheap."""
@@ -356,21 +339,34 @@ class Simulation:
             raise ValueError(f"frame {i} is out of range; valid frames are 0 to {n - 1}.")
         return i
 
-    def _token(self, token) -> int:
-        vocab = self.tokenizer.num_tokens
-        if isinstance(token, str):
-            ids = self.tokenizer.encode(token, bos=False)
-            if len(ids) != 1:
-                raise ValueError(f"force_token must be one byte-sized character or a token id, got {token!r} "
-                                 f"({len(ids)} bytes).")
-            return ids[0]
-        try:
-            t = operator.index(token)
-        except TypeError:
-            raise ValueError(f"force_token must be a token id in [0, {vocab}) or one character, got {token!r}.") from None
-        if not 0 <= t < vocab:
-            raise ValueError(f"force_token must be a token id in [0, {vocab}), got {t}.")
-        return t
+    prefilled = False   # (a subclass that builds its own timeline, sim/real.py, steps its prompt)
+
+    def _prompt_choice(self, ids: list[int], i: int) -> Choice:
+        """Prompt frame i's choice: the next prompt token, or after the last one a sample as step() makes."""
+        return Choice.forced(ids[i + 1]) if i + 1 < len(ids) else Choice.sampled(self.temperature, self.sample_seed)
+
+    @torch.no_grad()
+    def _prefill(self, ids: list[int], progress) -> None:
+        """Record the prompt's frames but the last from one forward per segment (sim/prefill.py), and the
+        snapshots that stepping keeps."""
+        for start, end in segments(len(ids) - 1):   # the last token steps: the cursor's frame is a decode step's
+                                                     # from the caches themselves, as a what-if recomputes it
+            keyframe = self._snapshots.get(start) if start % KEYFRAME_EVERY == 0 else None
+            seg = run_segment(self.model, self.twin_model, ids[start:end], self._cache, self._twin_cache,
+                              FrameRecorder(self._bias_cache, self._kda_links, keyframe))
+            self._cache, self._twin_cache = seg.cache, seg.twin_cache
+            for p, rec in enumerate(seg.records, start):
+                twin_cache = None if self.twin_model is None else self._twin_cache
+                memory = memory_record(self._cache, twin_cache, self.twin_config, p + 1, self._ints)
+                frame, logits = self._frame(rec, p, ids[p], self._prompt_choice(ids, p), True, memory,
+                                            seg.step_ms, seg.twin_step_ms)
+                self._frames.append(frame)
+                self._logits.append(logits)
+            self._snapshots.update(segment_snapshots(seg, self._frames, len(ids), SNAPSHOT_EVERY, RECENT_SNAPSHOTS,
+                                                     KEYFRAME_EVERY))
+            for done in range(start + 1, end + 1):
+                if progress is not None:
+                    progress(done, len(ids))
 
     @staticmethod
     def _choose(logits: np.ndarray, position: int, choice: Choice) -> int:
@@ -385,7 +381,7 @@ class Simulation:
     @torch.no_grad()
     def _advance(self, token: int, choice: Choice, prompt: bool) -> Frame:
         """Feed `token` at the next position to the hybrid (recorded) and the twin; append the Frame."""
-        frame, logits, self._cache, self._twin_cache = self._compute_frame(
+        frame, logits, self._cache, self._twin_cache = self.compute_frame(
             len(self._frames), token, choice, prompt, self._cache, self._twin_cache)
         self._frames.append(frame)
         self._logits.append(logits)
@@ -393,13 +389,16 @@ class Simulation:
         return frame
 
     @torch.no_grad()
-    def _compute_frame(self, position: int, token: int, choice: Choice, prompt: bool, cache: ModelCache,
+    def compute_frame(self, position: int, token: int, choice: Choice, prompt: bool, cache: ModelCache,
                        twin_cache: ModelCache | None, hooks=None, watch: Recorder | None = None):
         """One recorded decode step from `cache`, touching no timeline -> (Frame, logits, cache, twin_cache).
 
         twin_cache None: the twin is not run (its bytes come from the formula). hooks: tiny_k3.hooks changes
         in force (a what-if); watch: a second recorder that sees every event too (sim.whatif keeps outputs).
         """
+        if cache.position != position:
+            raise ValueError(f"compute_frame: a frame at position {position} needs the cache after {position} "
+                             f"tokens, got one after {cache.position} (Simulation.caches_at makes it).")
         x = torch.tensor([[token]], device=self.device)
         # A frame at a keyframe position starts its KDA chain from that snapshot (sim/framestore.py).
         keyframe = self._snapshots.get(position) if position % KEYFRAME_EVERY == 0 else None
@@ -407,7 +406,7 @@ class Simulation:
         recorder = FrameRecorder(self._bias_cache, links, keyframe)
         self._sync()
         t0 = time.perf_counter()
-        _, cache = self.model(x, cache, recorder=recorder if watch is None else _Tee(recorder, watch), hooks=hooks)
+        _, cache = self.model(x, cache, recorder=recorder if watch is None else Tee(recorder, watch), hooks=hooks)
         self._sync()
         t1 = time.perf_counter()
         twin_ms = float("nan")
@@ -415,8 +414,15 @@ class Simulation:
             _, twin_cache = self.twin_model(x, twin_cache)
             self._sync()
             twin_ms = 1e3 * (time.perf_counter() - t1)
-        rec = recorder.finish()
+        memory = memory_record(cache, None if self.twin_model is None else twin_cache, self.twin_config, position + 1,
+                               self._ints)
+        frame, logits = self._frame(recorder.finish(), position, token, choice, prompt, memory, 1e3 * (t1 - t0),
+                                    twin_ms)
+        return frame, logits, cache, twin_cache
 
+    def _frame(self, rec: StepRecord, position: int, token: int, choice: Choice, prompt: bool, memory,
+               step_ms: float, twin_ms: float) -> tuple[Frame, np.ndarray]:
+        """The Frame of one recorded step and its logits [NUM_TOKENS]."""
         # Ids past EOS are padding rows of the embedding (vocab 512 > 258 tokens): never offer them.
         logits = rec.logits[:self.tokenizer.num_tokens]
         chosen = self._choose(logits, position, choice)
@@ -425,34 +431,10 @@ class Simulation:
             index=position, position=position, input_id=token, input_text=self.tokenizer.token_text(token),
             token_id=chosen, token_text=self.tokenizer.token_text(chosen), top_ids=top_ids, top_probs=top_probs,
             routing=rec.routing, kda=rec.kda, depth=rec.depth, sublayers=rec.sublayers,
-            memory=self._memory(cache, twin_cache, position + 1), step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms,
-            embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice),
+            memory=memory, step_ms=step_ms, twin_step_ms=twin_ms,
+            embed_norm=rec.embed_norm, prompt=prompt, **choice.frame_fields(),
             depth_sources=depth_source_names(self.config.residual, self.config.attnres_block_size, len(rec.depth)))
-        return frame, logits, cache, twin_cache
-
-    @staticmethod
-    def _choice_fields(choice: Choice) -> dict:
-        """Frame's forced / temperature / seed fields for a choice (temperature and seed None when forced)."""
-        if choice.is_forced:
-            return {"forced": True, "temperature": None, "seed": None}
-        return {"forced": False, "temperature": choice.temperature, "seed": choice.seed}
-
-    def _memory(self, cache: ModelCache, twin_cache: ModelCache | None, tokens: int) -> MemoryRecord:
-        if self.twin_model is not None and twin_cache is not None:
-            twin_kv = twin_cache.kv_bytes()
-        else:  # no twin run: its cache is a formula of the token count (sim.memory, checked by the tests)
-            from .memory import cache_bytes
-            twin_kv = cache_bytes(self.twin_config, tokens)[0]
-        # One pass over the layers (ModelCache.kv_bytes/state_bytes/layer_bytes make three), and one int
-        # object per distinct count (most layers hold the same bytes): ~3 KB less per k3-topo frame.
-        kv = state = 0
-        layer_bytes = []
-        for c in cache.layers:
-            b = 0 if c is None else c.nbytes()
-            kv += b if isinstance(c, MLACache) else 0
-            state += b if isinstance(c, KDAState) else 0
-            layer_bytes.append(self._ints.setdefault(b, b))
-        return MemoryRecord(kv_bytes=kv, state_bytes=state, twin_kv_bytes=twin_kv, layer_bytes=tuple(layer_bytes))
+        return frame, logits
 
     def _save_snapshot(self) -> None:
         p = self._cache.position
@@ -477,12 +459,15 @@ class Simulation:
     @torch.no_grad()
     def _restore(self, tokens: int) -> None:
         """Set both caches to their state after `tokens` tokens of the timeline (a prefix of the live ones)."""
-        self._cache, self._twin_cache = self._caches_at(tokens)
+        self._cache, self._twin_cache = self.caches_at(tokens)
         self._snapshots = {p: s for p, s in self._snapshots.items() if p <= tokens}
 
     @torch.no_grad()
-    def _caches_at(self, tokens: int) -> tuple[ModelCache, ModelCache]:
+    def caches_at(self, tokens: int) -> tuple[ModelCache, ModelCache]:
         """New (hybrid, twin) caches as they were after `tokens` tokens of the timeline; the live ones stay."""
+        if not isinstance(tokens, int) or not 0 <= tokens <= len(self._frames):
+            raise ValueError(f"caches_at: tokens must be a whole number from 0 to {len(self._frames)} (the "
+                             f"timeline's frames), got {tokens!r}.")
         base = max((p for p in self._snapshots if p <= tokens), default=0)
         cache = ModelCache(self.config.num_layers)
         for i, c in enumerate(self._cache.layers):
@@ -507,5 +492,5 @@ class Simulation:
         old = self._frames[c]
         token = self._choose(self._logits[c], old.position, choice)
         self._frames[c] = dataclasses.replace(old, token_id=token, token_text=self.tokenizer.token_text(token),
-                                              **self._choice_fields(choice))
+                                              **choice.frame_fields())
         self.prompt_len = min(self.prompt_len, c + 1)

@@ -1,7 +1,8 @@
 """What-if: recompute the cursor's frame with changes in force, beside the original, off the timeline.
 
-`Simulation.what_if(*changes, steps=1)` calls `what_if(sim, changes, steps)` here. From the decode state
-saved before the cursor's frame (sim._caches_at: a KDA snapshot, a cut KV cache), two runs go forward
+`Simulation.what_if(*changes, at=frame, steps=1)` calls `what_if(sim, plan, at, steps)` here, the changes checked
+and turned into hooks once (WhatIfPlan). From the decode state before frame `at` (Simulation.caches_at: a KDA
+snapshot, a cut KV cache), two runs go forward
 `steps` tokens: the original (no hooks) and the branch (the changes as tiny_k3 hooks; a ResetState only
 on the first token). Each step follows the timeline's choice rule: a forced token (the prompt) stays
 forced, a sampled one is drawn again, with the same temperature and seed, from that run's own logits.
@@ -13,19 +14,42 @@ Per step: KL(original || branch) of the next-token distributions, both top-5s, a
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from tiny_k3.probe import Recorder
+from tiny_k3.probe import EmbedEvent, Event, LogitsEvent, Recorder, SublayerEvent
 from tiny_k3.tokenizer import EOS, decode, token_text
 
+from tiny_k3.hooks import Hooks
+
 from .frame import Choice, Frame
-from .interventions import TruncateContext, check_changes, to_hooks
+from .interventions import TruncateContext, checked_hooks
+from .memory import non_negative_int
 
 DIVERGENCE_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class WhatIfPlan:
+    """Changes checked against a config and turned into hooks, once: `first` for the what-if's first token, `later`
+    for the tokens after it (a ResetState wipes a state once, before the first token). None: no change."""
+
+    changes: tuple
+    first: Hooks | None
+    later: Hooks | None
+
+    @classmethod
+    def of(cls, changes, config) -> "WhatIfPlan":
+        """From sim.interventions changes (a WhatIfPlan is returned as it is); one clear error for a bad one."""
+        if isinstance(changes, WhatIfPlan):
+            return changes
+        changes, hooks = checked_hooks(changes, config)
+        if not changes:
+            return cls((), None, None)
+        return cls(changes, hooks, dataclasses.replace(hooks, reset_heads={}))
 
 
 @dataclass(frozen=True)
@@ -65,14 +89,14 @@ class _Outputs(Recorder):
     def __init__(self):
         self.outputs: list[tuple[str, torch.Tensor]] = []
 
-    def record(self, event: str, layer: int, **d) -> None:
-        if event == "embed":
-            self.outputs.append(("embed", d["x"]))
-        elif event == "sublayer":
-            kind = {"moe": "MoE", "dense": "dense"}.get(d["kind"], d["kind"].upper())
-            self.outputs.append((f"L{layer} {d['site']} · {kind}", d["out"]))
-        elif event == "logits":
-            self.outputs.append(("head", d["logits"]))
+    def on(self, event: Event) -> None:
+        if isinstance(event, EmbedEvent):
+            self.outputs.append(("embed", event.x))
+        elif isinstance(event, SublayerEvent):
+            kind = {"moe": "MoE", "dense": "dense"}.get(event.kind, event.kind.upper())
+            self.outputs.append((f"L{event.layer} {event.site} · {kind}", event.out))
+        elif isinstance(event, LogitsEvent):
+            self.outputs.append(("head", event.logits))
 
 
 def first_divergence(a: _Outputs, b: _Outputs, rtol: float = DIVERGENCE_RTOL) -> str | None:
@@ -109,7 +133,7 @@ def _choice(sim, index: int) -> Choice:
 @torch.no_grad()
 def _twin_kl(sim, window_hooks, start: int, tokens: list[int]) -> tuple[float, ...]:
     """The all-MLA twin over the original tokens from `start`, with and without the window: KL per step."""
-    _, twin = sim._caches_at(start)
+    _, twin = sim.caches_at(start)
     windowed = twin.clone()
     out = []
     for token in tokens:
@@ -121,26 +145,22 @@ def _twin_kl(sim, window_hooks, start: int, tokens: list[int]) -> tuple[float, .
 
 
 @torch.no_grad()
-def what_if(sim, changes, steps: int = 1, progress=None) -> WhatIf:
-    """See the module docstring; `sim` is a sim.Simulation, left exactly as it was.
+def what_if(sim, plan: WhatIfPlan, at: int, steps: int = 1, progress=None) -> WhatIf:
+    """See the module docstring; `sim` is a sim.Simulation, left exactly as it was (cursor included).
 
     progress(done, steps), if given, is called after each step; whatever it raises abandons the what-if
     (a front end's cancel: the TUI stops between two tokens), and nothing has been written anywhere."""
-    from .memory import non_negative_int
-
-    changes = check_changes(changes, sim.config)
     steps = non_negative_int(steps, "steps")
     if steps < 1:
-        raise ValueError(f"steps must be 1 or more (the cursor's own frame is step 1), got {steps}.")
-    start = sim.cursor
+        raise ValueError(f"steps must be 1 or more (the frame's own recomputation is step 1), got {steps}.")
+    start = at
     last = sim.config.max_seq_len - 1
     if start + steps - 1 > last:
         raise ValueError(f"steps={steps} would pass the last position ({last}) that preset {sim.config.name!r} "
                          f"allows; at most {last - start + 1} steps fit from frame {start}.")
-    first_hooks = to_hooks(changes, sim.config) if changes else None
-    later_hooks = to_hooks(changes, sim.config, reset=False) if changes else None
+    changes, first_hooks, later_hooks = plan.changes, plan.first, plan.later
 
-    cache, _ = sim._caches_at(start)
+    cache, _ = sim.caches_at(start)
     branch_cache = cache.clone()
     token_o = token_b = sim.frames[start].input_id
     original, branch, logits_o, logits_b, kl, diverged = [], [], [], [], [], []
@@ -149,9 +169,9 @@ def what_if(sim, changes, steps: int = 1, progress=None) -> WhatIf:
         choice = _choice(sim, position)
         prompt = position < sim.prompt_len
         seen_o, seen_b = _Outputs(), _Outputs()
-        fo, lo, cache, _ = sim._compute_frame(position, token_o, choice, prompt, cache, None, watch=seen_o)
-        fb, lb, branch_cache, _ = sim._compute_frame(position, token_b, choice, prompt, branch_cache, None,
-                                                     hooks=first_hooks if s == 0 else later_hooks, watch=seen_b)
+        fo, lo, cache, _ = sim.compute_frame(position, token_o, choice, prompt, cache, None, watch=seen_o)
+        fb, lb, branch_cache, _ = sim.compute_frame(position, token_b, choice, prompt, branch_cache, None,
+                                                    hooks=first_hooks if s == 0 else later_hooks, watch=seen_b)
         original.append(fo), branch.append(fb), logits_o.append(lo), logits_b.append(lb)
         kl.append(kl_divergence(lo, lb))
         diverged.append(first_divergence(seen_o, seen_b))
@@ -162,8 +182,6 @@ def what_if(sim, changes, steps: int = 1, progress=None) -> WhatIf:
     twin_kl: tuple[float, ...] = ()
     window = first_hooks.attention_window if first_hooks is not None else None
     if window is not None and sim.twin_model is not None and any(isinstance(c, TruncateContext) for c in changes):
-        from tiny_k3.hooks import Hooks
-
         twin_kl = _twin_kl(sim, Hooks(attention_window=window), start, [f.input_id for f in original])
     return WhatIf(
         changes=changes, position=start, frames=tuple(branch), original=tuple(original), kl=tuple(kl),
@@ -175,11 +193,6 @@ def what_if(sim, changes, steps: int = 1, progress=None) -> WhatIf:
 
 def branch_timeline(sim, w: WhatIf):
     """A read-only Simulation whose frames are the branch as it was seen: the timeline's frames before the
-    what-if, then `w.frames`. It shares the model and config, so every view over frames (expert_load,
-    state_norm_history, memory_history, step_into) draws the branch as it draws the timeline; its cursor is
-    on the branch's last frame. Never step it: it has no decode state of its own."""
-    branch = copy.copy(sim)
-    branch._frames = list(sim.frames[:w.position]) + list(w.frames)
-    branch._logits = []
-    branch.cursor = len(branch._frames) - 1
-    return branch
+    what-if, then `w.frames` (Simulation.view: every view over frames draws the branch as it draws the
+    timeline); its cursor is on the branch's last frame. Never step it: it has no decode state of its own."""
+    return sim.view(list(sim.frames[:w.position]) + list(w.frames))

@@ -65,7 +65,7 @@ def frames():
     cache, twin = sim._cache, sim._twin_cache
     for token in (ord("7"), ord(";")):
         trace = TraceRecorder()
-        frame, _, cache, twin = sim._compute_frame(len(sim.frames) + len(out), token, Choice.forced(65), False,
+        frame, _, cache, twin = sim.compute_frame(len(sim.frames) + len(out), token, Choice.forced(65), False,
                                                    cache, twin, watch=trace)
         out.append((frame, plain_frame(frame, trace), trace))
     torch.set_num_threads(before)
@@ -181,7 +181,9 @@ def _model_states(model, ids) -> list[list[np.ndarray]]:
 def long_run():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    sim = Simulation("tiny", "a long enough prompt", weights="random")
+    # stepped, prompt too: every frame's state is then the model's own decode state, checked bit for bit below
+    # (a prefilled prompt's states are its chain by definition: tests/test_prefill.py)
+    sim = Simulation("tiny", "a long enough prompt", weights="random", prefill=False)
     sim.run(50)                                   # 71 frames: a chain from zeros, one from the snapshot at 64
     yield sim
     torch.set_num_threads(before)
@@ -209,7 +211,7 @@ def test_recomputed_states_are_the_models_bit_for_bit_across_chains_and_a_branch
     want = _model_states(sim.model, [f.input_id for f in sim.frames])
     for f, states in zip(sim.frames[48:], want[48:]):
         assert all(bits_equal(r.state, s) for r, s in zip(f.kda, states))
-    fresh = Simulation("tiny", "a long enough prompt", weights="random")
+    fresh = Simulation("tiny", "a long enough prompt", weights="random", prefill=False)
     fresh.run(30)
     fresh.step(force_token="Q")
     fresh.run(3)

@@ -16,7 +16,8 @@ from sim import Simulation
 from sim import session as session_module
 from sim.interventions import (AblateExpert, ForceExperts, InterventionError, NoSelectionBias, ResetState,
                                ScaleDecay, TruncateContext, UniformDepth, check_changes, describe, to_hooks)
-from sim.whatif import kl_divergence
+from sim.frame import Choice
+from sim.whatif import WhatIfPlan, kl_divergence
 from tiny_k3 import K3Config, TraceRecorder
 from tiny_k3.cache import ModelCache
 from tiny_k3.hooks import Hooks
@@ -45,6 +46,9 @@ LOAD_MODEL = session_module.load_model
 
 
 def make(**kw):
+    # stepped prompts: the oracles below (forward_from) feed tokens one at a time, so the what-ifs' caches are
+    # made by the same ops in the same order and compare exactly
+    kw.setdefault("prefill", False)
     with mock.patch.object(session_module, "load_model", _trained_looking):
         return Simulation("tiny", PROMPT, weights="random", **kw)
 
@@ -102,6 +106,45 @@ def test_a_what_if_past_the_timeline_equals_stepping_on():
     assert len(a.frames) == a.prompt_len
     for s in range(5):
         assert w.frames[s].same_as(b.frames[a.cursor + s])
+
+
+def test_a_what_if_at_another_frame_leaves_the_cursor_and_equals_one_made_there(sim):
+    """what_if(at=i) moves nothing: it is the what-if that goto(i) then what_if() makes, the same computation."""
+    cursor, at = sim.cursor, sim.cursor - 3
+    here = sim.what_if(ResetState(layer=0), AblateExpert(1, 0), at=at, steps=3)
+    assert sim.cursor == cursor and here.position == at
+    sim.goto(at)
+    try:
+        there = sim.what_if(ResetState(layer=0), AblateExpert(1, 0), steps=3)
+    finally:
+        sim.goto(cursor)
+    assert here.kl == there.kl and here.first_divergence == there.first_divergence
+    assert all(a.same_as(b) for a, b in zip(here.frames + here.original, there.frames + there.original))
+    assert all(np.array_equal(a, b) for a, b in zip(here.logits_after, there.logits_after))
+    with pytest.raises(ValueError, match="frame 999 is out of range"):
+        sim.what_if(at=999)
+
+
+def test_a_plan_is_checked_and_hooked_once_and_gives_the_same_what_if(sim):
+    changes = (ResetState(layer=0), ScaleDecay(1, 0.5))
+    plan = WhatIfPlan.of(changes, sim.config)
+    assert WhatIfPlan.of(plan, sim.config) is plan and plan.changes == changes
+    assert plan.first == to_hooks(changes, sim.config) and plan.later == to_hooks(changes, sim.config, reset=False)
+    assert WhatIfPlan.of((), sim.config) == WhatIfPlan((), None, None)
+    a, b = sim.what_if(plan, steps=2), sim.what_if(*changes, steps=2)
+    assert a.changes == b.changes == changes and a.kl == b.kl
+    with pytest.raises(InterventionError, match="two ForceExperts for layer 1"):
+        WhatIfPlan.of([ForceExperts(1, [3, 5]), ForceExperts(1, [4, 5])], sim.config)
+
+
+def test_caches_at_and_compute_frame_say_what_they_need(sim):
+    with pytest.raises(ValueError, match="caches_at: tokens must be a whole number from 0 to"):
+        sim.caches_at(len(sim.frames) + 1)
+    cache, _ = sim.caches_at(3)
+    with pytest.raises(ValueError, match="needs the cache after 4 tokens, got one after 3"):
+        sim.compute_frame(4, 65, Choice.forced(66), False, cache, None)
+    frame, _, _, _ = sim.compute_frame(3, sim.frames[3].input_id, sim.frames[3].choice, True, cache, None)
+    assert frame.same_as(sim.frames[3])      # the same decode step from the same caches (stepped prompt)
 
 
 def test_the_timeline_steps_on_unchanged_after_a_what_if():

@@ -1,11 +1,11 @@
-"""A run streamed from a released checkpoint, reopened without its weights: sim.runfile.StreamedRun, the TUI's
+"""A run streamed from a released checkpoint, reopened without its weights: sim.streamed_run.StreamedRun, the TUI's
 `--open` (tui_app/driver.py) read-only."""
 
 import pytest
 
 from sim import runfile
 from sim.real import RealSimulation
-from sim.runfile import StreamedRun
+from sim.streamed_run import StreamedRun, open_run
 from test_released_stream import synthetic_release
 from tui_pilot import screen_text, settle, sync, wait_until
 
@@ -23,7 +23,7 @@ def saved(tmp_path_factory):
 
 def test_a_released_run_reopens_read_only_with_every_frame(saved):
     sim, path = saved
-    run = runfile.load(path)
+    run = open_run(path)
     assert isinstance(run, StreamedRun)
     assert run.cursor == 2 and run.prompt == "ab" and run.config == sim.config
     assert all(a.same_as(b) for a, b in zip(run.frames, sim.frames, strict=True))

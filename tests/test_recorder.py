@@ -148,3 +148,38 @@ def test_recorded_tensors_never_take_part_in_autograd():
     with torch.no_grad():
         z = x * 2
     assert detached(z) is z
+
+
+def test_every_reported_event_reaches_on_as_its_typed_event_with_the_reported_fields():
+    """tiny_k3.probe: the model's record(name, layer, **tensors) arrives in `on` as EVENTS[name], field for field;
+    NO_RECORDER makes no event at all."""
+    from tiny_k3.probe import EVENTS, NO_RECORDER
+
+    class Raw(Recorder):                       # what the model reports, before any typing
+        def __init__(self):
+            self.reports = []
+
+        def record(self, event, layer, **data):
+            self.reports.append((event, layer, data))
+            super().record(event, layer, **data)
+
+        def on(self, event):
+            self.reports[-1] += (event,)
+
+    torch.manual_seed(1)
+    model = TinyK3(K3Config.preset("tiny")).eval()
+    raw = Raw()
+    with torch.no_grad():
+        model(torch.tensor([[256, 70, 71]]), recorder=raw)
+    assert {name for name, *_ in raw.reports} == set(EVENTS) - {"mla"} | ({"mla"} if model.config.mla_layers else set())
+    for name, layer, data, event in raw.reports:
+        assert type(event) is EVENTS[name] and event.layer == layer
+        assert all(getattr(event, k) is v for k, v in data.items()), name
+    made = []
+    NO_RECORDER.on = made.append               # (an instance attribute: undone below)
+    try:
+        with torch.no_grad():
+            model(torch.tensor([[256, 70]]))
+    finally:
+        del NO_RECORDER.on
+    assert made == []

@@ -164,6 +164,8 @@ def test_the_command_prints_bytes_per_token_and_saves_the_frames(release, tmp_pa
     assert all(a.same_as(b) for a, b in zip(saved.frames, again.frames)) and len(saved.frames) == 4
     assert saved.meta["tokenizer"]["name"].startswith("bytes")       # the run says which tokenizer it used
     assert "tokenizer: bytes" in out and "truncated" not in out
+    with pytest.raises(ValueError, match="streamed from a released checkpoint"):
+        Simulation.from_run(run)
     assert main_real([str(folder / "missing")], console) == 2
     assert "is not a folder" in console.export_text()
 

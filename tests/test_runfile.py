@@ -104,3 +104,18 @@ def test_progress_reports_every_frame_and_can_abandon(branched, tmp_path):
 
     with pytest.raises(Stop):
         Simulation("tiny", "hello", progress=stop_at_two)
+
+
+def test_the_format_module_imports_no_simulation_and_sim_load_is_from_run():
+    """sim/runfile.py is the format only: session imports it, never the other way (no import circle)."""
+    import ast
+    import pathlib
+
+    import sim
+
+    tree = ast.parse(pathlib.Path(runfile.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
+               {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.endswith("session") for m in imported), imported
+    from sim.streamed_run import open_run
+    assert sim.load is open_run      # which is Simulation.from_run for a preset's run (the tests above)

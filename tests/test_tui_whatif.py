@@ -19,8 +19,8 @@ from tui_pilot import PROMPT, make_app, screen_text, settle, sync, wait_until
 SIZE = (160, 48)
 
 
-def tiny_sim() -> Simulation:
-    return Simulation("tiny", PROMPT, seed=0, weights="random")
+def tiny_sim(**kw) -> Simulation:
+    return Simulation("tiny", PROMPT, seed=0, weights="random", **kw)
 
 
 def driver_on(sim) -> Driver:
@@ -66,7 +66,8 @@ def test_the_driver_job_is_simulation_what_if_and_leaves_the_timeline_alone():
 
 
 def test_a_no_op_what_if_is_the_timeline_itself():
-    sim = tiny_sim()
+    sim = tiny_sim(prefill=False)    # stepped prompt: a what-if's decode steps are the frames' own computation
+                                     # (prefilled prompt frames are equal to rounding: tests/test_prefill.py)
     sim.run(WHAT_IF_STEPS)
     d = driver_on(sim)
     d.goto(2)
@@ -259,9 +260,9 @@ async def test_escape_cancels_a_what_if_in_flight():
         frames = list(app.sim.frames)
         gate, real = threading.Event(), app.sim.what_if
 
-        def slow(*changes, steps=1, progress=None):      # a long what-if: the worker waits here
+        def slow(*changes, at=None, steps=1, progress=None):      # a long what-if: the worker waits here
             assert gate.wait(30)
-            return real(*changes, steps=steps, progress=progress)
+            return real(*changes, at=at, steps=steps, progress=progress)
 
         app.sim.what_if = slow
         app.start_what_if((ResetState(),), "state")

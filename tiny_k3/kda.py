@@ -267,7 +267,7 @@ class KDALayer(nn.Module):
         if recorder is not NO_RECORDER:  # (the default ignores everything: skip even the detach views)
             recorder.record("kda", layer, prev_state=None if prev is None else detached(prev),
                             state=detached(state), g=detached(g), beta=detached(beta),
-                            q=detached(q), k=detached(k), v=detached(v))
+                            q=detached(q), k=detached(k), v=detached(v), conv_in=detached(projected))
 
         # Gated RMSNorm per head over V (fla FusedRMSNormGated, computed in float32).
         gate = _as((out_gate[0] if out_gate else self.output_gate(x)).view(B, T, H, V), fp)

@@ -26,8 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from sim import Simulation, runfile
-from sim.interventions import check_changes
+from sim import Simulation
+from sim.streamed_run import open_run
+from sim.whatif import WhatIfPlan
 from sim.recall_moment import find_query, still_carried
 from sim.presets import CheckpointError, has_checkpoint, sim_preset
 
@@ -144,6 +145,7 @@ class WhatIfJob:
     changes: tuple
     steps: int
     flag: CancelFlag
+    plan: WhatIfPlan | None = None      # the changes checked and turned into hooks, once
 
 
 def weights_label(sim: Simulation, fallback: str | None = None) -> str:
@@ -160,7 +162,7 @@ class Driver:
     """Owns the Simulation, the cursor (step / visited / goal) and what to compute next."""
 
     def __init__(self, lookahead: int = 2, make_sim: Callable[..., Simulation] = Simulation,
-                 open_run: Callable[..., Simulation] = runfile.load, clock: Callable[[], float] = time.perf_counter):
+                 open_run: Callable[..., Simulation] = open_run, clock: Callable[[], float] = time.perf_counter):
         self.lookahead = lookahead
         self._make_sim, self._open_run, self._clock = make_sim, open_run, clock
         self.sim: Simulation | None = None
@@ -356,10 +358,10 @@ class Driver:
             raise ValueError("nothing is loaded yet, so there is no token to change; wait for the load.")
         if getattr(self.sim, "read_only_reason", None):
             raise ValueError(self.sim.read_only_reason)
-        changes = check_changes(changes, self.sim.config)
+        plan = WhatIfPlan.of(changes, self.sim.config)
         self.cancel_what_if()
         steps = max(1, min(steps, self.sim.config.max_seq_len - self.step))
-        self.whatif = WhatIfJob(self.sim, self.step, changes, steps, CancelFlag())
+        self.whatif = WhatIfJob(self.sim, self.step, plan.changes, steps, CancelFlag(), plan)
         self.whatif_progress = None
         return self.whatif
 
@@ -373,7 +375,7 @@ class Driver:
 
     def run_what_if(self, job: WhatIfJob, report: Callable[[Progress], None] | None = None):
         """[worker thread] sim.what_if at the job's frame -> WhatIf; raises Cancelled between two tokens,
-        or ValueError with one sentence. The timeline is untouched and the sim's cursor put back."""
+        or ValueError with one sentence. The timeline and the sim's cursor are untouched."""
         start = self._clock()
 
         def progress(done: int, total: int) -> None:
@@ -382,25 +384,16 @@ class Driver:
                 report(Progress(done, total, self._clock() - start))
 
         job.flag.check()
-        sim, cursor = job.sim, job.sim.cursor
-        sim.goto(job.step)                      # what_if works at the sim's cursor; the timeline's end otherwise
-        try:
-            return sim.what_if(*job.changes, steps=job.steps, progress=progress)
-        finally:
-            sim.goto(cursor)
+        return job.sim.what_if(job.plan or WhatIfPlan.of(job.changes, job.sim.config), at=job.step,
+                               steps=job.steps, progress=progress)
 
     @staticmethod
     def run_still_carried(job: WhatIfJob, w):
         """[worker thread] After a what-if that reset some KDA states and left the next token alone: the same
         token with every KDA state reset (and each KDA layer alone) beside it, sim.recall_moment.still_carried;
-        None for any other what-if. The timeline is untouched and the sim's cursor put back."""
+        None for any other what-if. The timeline and the sim's cursor are untouched."""
         job.flag.check()
-        sim, cursor = job.sim, job.sim.cursor
-        sim.goto(job.step)
-        try:
-            return still_carried(sim, w)
-        finally:
-            sim.goto(cursor)
+        return still_carried(job.sim, w)
 
     def report_what_if(self, job: WhatIfJob, progress: Progress) -> bool:
         if job is not self.whatif:
