@@ -23,7 +23,8 @@ class InterventionError(ValueError):
     """A change that does not fit the model; the message is one sentence naming what is allowed."""
 
 
-def _span(layers: list[int]) -> str:
+def layer_span(layers: list[int]) -> str:
+    """Layer indices for a message: all of them up to 8, else "first to last"."""
     return ", ".join(map(str, layers)) if len(layers) <= 8 else f"{layers[0]} to {layers[-1]}"
 
 
@@ -38,7 +39,7 @@ def _layer(change, layer, allowed: list[int], what: str, config: K3Config, none_
                                 f"got {layer!r}.")
     if layer not in allowed:
         raise InterventionError(f"{name}: layer {layer} is not {'an' if what[0] in 'AEIMO' else 'a'} {what} layer; "
-                                f"{what} layers are {_span(allowed)}.")
+                                f"{what} layers are {layer_span(allowed)}.")
 
 
 def _expert(change, expert, config: K3Config, layer: int) -> None:

@@ -60,3 +60,10 @@ def token_id(token, tokenizer=BYTES) -> int:
     if not 0 <= t < vocab:
         raise ValueError(f"force_token must be a token id in [0, {vocab}), got {t}.")
     return t
+
+
+def choose_token(logits: np.ndarray, position: int, choice) -> int:
+    """The token a Choice makes at `position`: its forced token, or a seeded draw from `logits` (sample_token)."""
+    if choice.is_forced:
+        return choice.token
+    return sample_token(logits, choice.temperature, choice.seed, position)

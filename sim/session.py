@@ -47,7 +47,8 @@ from .prompt import prompt_ids
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
 from .prefill import memory_record, run_segment, segment_snapshots, segments
 from .recorder import FrameRecorder, StepRecord, Tee
-from .sampling import generator_seed, sample_token, token_id, top_tokens  # noqa: F401  (sim.session.sample_token)
+from .interventions import layer_span
+from .sampling import choose_token, generator_seed, sample_token, token_id, top_tokens  # noqa: F401  (sim.session.sample_token)
 from .whatif import WhatIf, WhatIfPlan, what_if
 
 NUM_TOKENS = EOS + 1     # 256 bytes, BOS, EOS: the tokens that exist
@@ -267,14 +268,14 @@ class Simulation:
         """[E] int64: how many tokens each expert of an MoE layer took, over the frames up to the cursor
         (or up to frame `upto`, inclusive)."""
         if layer not in self.config.moe_layers:
-            raise ValueError(f"layer {layer} has no MoE; MoE layers are {self._span(self.config.moe_layers)}.")
+            raise ValueError(f"layer {layer} has no MoE; MoE layers are {layer_span(self.config.moe_layers)}.")
         ids = [f.routing_for(layer).expert_ids for f in self._upto(upto)]
         return np.bincount(np.concatenate(ids), minlength=self.config.num_experts).astype(np.int64)
 
     def state_norm_history(self, layer: int, head: int, upto: int | None = None) -> np.ndarray:
         """[n] float32: ||S||_F of one KDA head after each frame up to the cursor (or frame `upto`)."""
         if layer not in self.config.kda_layers:
-            raise ValueError(f"layer {layer} is not a KDA layer; KDA layers are {self._span(self.config.kda_layers)}.")
+            raise ValueError(f"layer {layer} is not a KDA layer; KDA layers are {layer_span(self.config.kda_layers)}.")
         if not 0 <= head < self.config.kda_heads:
             raise ValueError(f"head {head} is out of range; KDA heads are 0 to {self.config.kda_heads - 1}.")
         return np.array([f.kda_for(layer).state_norm[head] for f in self._upto(upto)], np.float32)
@@ -321,10 +322,6 @@ class Simulation:
         gives a streamed checkpoint instead)."""
         return _build_models(self.config, weights, self.seed, self.device, twin)
 
-    @staticmethod
-    def _span(layers: list[int]) -> str:
-        return ", ".join(map(str, layers)) if len(layers) <= 8 else f"{layers[0]} to {layers[-1]}"
-
     def _upto(self, upto: int | None) -> list[Frame]:
         """The frames up to the cursor, or up to frame `upto` (a UI thread reads while a worker steps)."""
         return self._frames[:(self.cursor if upto is None else self._index(upto)) + 1]
@@ -367,12 +364,6 @@ class Simulation:
             for done in range(start + 1, end + 1):
                 if progress is not None:
                     progress(done, len(ids))
-
-    @staticmethod
-    def _choose(logits: np.ndarray, position: int, choice: Choice) -> int:
-        if choice.is_forced:
-            return choice.token
-        return sample_token(logits, choice.temperature, choice.seed, position)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -425,7 +416,7 @@ class Simulation:
         """The Frame of one recorded step and its logits [NUM_TOKENS]."""
         # Ids past EOS are padding rows of the embedding (vocab 512 > 258 tokens): never offer them.
         logits = rec.logits[:self.tokenizer.num_tokens]
-        chosen = self._choose(logits, position, choice)
+        chosen = choose_token(logits, position, choice)
         top_ids, top_probs = top_tokens(logits)
         frame = Frame(
             index=position, position=position, input_id=token, input_text=self.tokenizer.token_text(token),
@@ -490,7 +481,7 @@ class Simulation:
             del self._frames[c + 1:], self._logits[c + 1:]
             self._restore(c + 1)
         old = self._frames[c]
-        token = self._choose(self._logits[c], old.position, choice)
+        token = choose_token(self._logits[c], old.position, choice)
         self._frames[c] = dataclasses.replace(old, token_id=token, token_text=self.tokenizer.token_text(token),
                                               **choice.frame_fields())
         self.prompt_len = min(self.prompt_len, c + 1)

@@ -151,6 +151,7 @@ def test_no_gpu_for_device_cuda_is_one_line_before_any_work(release8, tmp_path):
 
 def test_a_run_file_the_disk_cannot_hold_is_said_before_the_first_token(release8, tmp_path, monkeypatch):
     import sim.real as real_module
+    import sim.real_needs as real_needs
     from rich.console import Console
 
     from sim import runfile
@@ -158,8 +159,8 @@ def test_a_run_file_the_disk_cannot_hold_is_said_before_the_first_token(release8
     sim = RealSimulation(folder, "ab")
     path = runfile.save(sim, tmp_path / "one.npz")
     stored = sum(a.nbytes for a in runfile.read(path).arrays.values()) / len(sim.frames)
-    assert real_module.frame_file_bytes(config) <= stored <= 1.5 * real_module.frame_file_bytes(config)
-    k3 = real_module.frame_file_bytes(K3Config.preset("k3"))
+    assert real_needs.frame_file_bytes(config) <= stored <= 1.5 * real_needs.frame_file_bytes(config)
+    k3 = real_needs.frame_file_bytes(K3Config.preset("k3"))
     assert 69 * 96 * 128 * 128 * 2 < k3 < 1.05 * 69 * 96 * 128 * 128 * 2    # a real K3 frame: mostly its KDA states
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(10**6, 0, 1000))

@@ -141,8 +141,8 @@ def test_missing_files_and_bad_folders_are_named_before_the_first_token(release,
 
 def test_a_machine_without_the_ram_is_told_before_the_first_token(release, monkeypatch):
     _, _, folder = release
-    import sim.real as real_module
-    monkeypatch.setattr(real_module, "available_ram", lambda: 1000)
+    import sim.real_needs as real_needs
+    monkeypatch.setattr(real_needs, "available_ram", lambda: 1000)
     with pytest.raises(MemoryError, match=r"needs about .* GiB of free RAM .* is available"):
         RealSimulation(folder, PROMPT)
 

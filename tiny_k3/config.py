@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .errors import ConfigError  # noqa: F401  (raised here; tiny_k3.config.ConfigError is its public name)
+from .released_config import config_fields_from_released
+
 RESIDUALS = ("block", "full", "standard")
 MOE_KINDS = ("latent", "plain")      # K3's latent MoE, or DeepSeek-V3 / K2 / Kimi Linear's full-width MoE
 MLP_ACTS = ("situ", "swiglu")        # K3's soft-capped SiTU-GLU, or plain SwiGLU (K2, Kimi Linear)
@@ -18,8 +21,6 @@ DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 MLA_LATENT_EPS = 1e-6                # eps of MLA's latent RMSNorms as released (K3Config.mla_latent_eps)
 
 
-class ConfigError(ValueError):
-    """A config that cannot build a model; the message is one sentence saying why."""
 
 
 def k3_schedule(num_layers: int) -> tuple[str, ...]:
@@ -231,7 +232,6 @@ class K3Config:
         n-th layer, GQA, tied embeddings, MTP layers); any other value is a ConfigError naming the field.
         name: the config's name; None gives "k3" when the result is the k3 preset, else "released".
         """
-        from .released import config_fields_from_released   # (the released format's reader lives there)
         fields = config_fields_from_released(path)
         config = K3Config(name="released", **fields)
         if name is None:

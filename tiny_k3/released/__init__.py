@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..config import ConfigError, K3Config
+from ..released_config import ReleasedFormatError, config_fields_from_released, read_config_json  # noqa: F401
 from ..mxfp4 import GROUP
 
 HERE = Path(__file__).parent
@@ -31,110 +32,6 @@ LM = "language_model."                            # the text tower's prefix in t
 LAYER = LM + "model.layers.{layer}."
 EXPERT = LAYER + "block_sparse_moe.experts.{expert}."
 NOT_LANGUAGE = ("vision_tower.", "mm_projector.")  # what the checkpoint holds beside the text tower
-
-
-class ReleasedFormatError(ValueError):
-    """A released-format file that tiny-k3 cannot read; the message names what is wrong and what is allowed."""
-
-
-# ---------------------------------------------------------------------------- config.json
-def read_config_json(path) -> tuple[dict, dict]:
-    """(the whole config.json, its text_config) of a file, a checkpoint folder holding config.json, or the
-    already-read dict."""
-    if isinstance(path, dict):
-        whole = path
-        text = whole.get("text_config", whole)
-        if not isinstance(text, dict) or "hidden_size" not in text:
-            raise ReleasedFormatError("config has no text_config with hidden_size; expected a K3 / Kimi Linear config.")
-        return whole, text
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ReleasedFormatError(f"no config.json at {path}; a released checkpoint folder holds config.json, "
-                                  f"model.safetensors.index.json and its shards.")
-    try:
-        whole = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ReleasedFormatError(f"{path} is not valid JSON ({exc}).") from None
-    text = whole.get("text_config", whole)
-    if not isinstance(text, dict) or "hidden_size" not in text:
-        raise ReleasedFormatError(f"{path} has no text_config with hidden_size; expected a K3 / Kimi Linear config.")
-    return whole, text
-
-
-# (field, the only value tiny-k3 models, why): anything else is an error naming the field
-_FIXED = [
-    ("moe_router_activation_func", "sigmoid", "the router is a sigmoid"),
-    ("topk_method", "noaux_tc", "selection is top-k of score + bias (noaux_tc)"),
-    ("moe_layer_freq", 1, "every layer after the dense ones is an MoE layer"),
-    ("num_nextn_predict_layers", 0, "no multi-token-prediction layers"),
-    ("tie_word_embeddings", False, "the embedding and the head are separate"),
-    ("mla_use_nope", True, "MLA is NoPE (tiny-k3's RoPE switch is the K2 lineage's, not read from here)"),
-    ("latent_moe_use_norm", True, "the latent MoE normalises the expert sum"),
-]
-
-
-def config_fields_from_released(path) -> dict:
-    """The K3Config keyword arguments of a released config.json (a path, a folder or the dict; see
-    `K3Config.from_released`)."""
-    _, t = read_config_json(path)
-
-    def need(key):
-        if key not in t:
-            raise ReleasedFormatError(f"config.json text_config has no {key!r}, which tiny-k3 needs.")
-        return t[key]
-
-    for key, value, why in _FIXED:
-        if key in t and t[key] != value:
-            raise ConfigError(f"config.json {key} = {t[key]!r}: tiny-k3 models only {value!r} ({why}).")
-    groups, topk_group = t.get("num_expert_group", 1) or 1, t.get("topk_group", 1) or 1
-    if groups > 1 and groups > topk_group:
-        raise ConfigError(f"config.json num_expert_group = {groups} with topk_group = {topk_group}: tiny-k3 does "
-                          f"not model grouped routing (allowed: num_expert_group 1, or topk_group >= it).")
-    heads, kv_heads = need("num_attention_heads"), t.get("num_key_value_heads", need("num_attention_heads"))
-    if kv_heads != heads:
-        raise ConfigError(f"config.json num_key_value_heads = {kv_heads}: MLA has one latent for all heads, "
-                          f"so it must equal num_attention_heads ({heads}).")
-    if t.get("hidden_act") not in ("situ", "silu"):
-        raise ConfigError(f"config.json hidden_act = {t.get('hidden_act')!r}: tiny-k3 models 'situ' (K3) and "
-                          f"'silu' (SwiGLU).")
-    lin = need("linear_attn_config")
-    layers = need("num_hidden_layers")
-    kda = set(lin.get("kda_layers", []))
-    full = set(lin.get("full_attn_layers", []))
-    if kda & full or kda | full != set(range(1, layers + 1)):
-        raise ConfigError(f"config.json linear_attn_config: kda_layers and full_attn_layers must split the "
-                          f"1-based layers 1..{layers} between them, each exactly once.")
-    if lin.get("head_dim") is None or lin.get("num_heads") is None:
-        raise ReleasedFormatError("config.json linear_attn_config needs head_dim and num_heads.")
-    latent = t.get("routed_expert_hidden_size")
-    block = t.get("attn_res_block_size")
-    dtype = t.get("dtype", t.get("torch_dtype", "bfloat16"))
-    return dict(
-        vocab_size=need("vocab_size"), hidden_size=need("hidden_size"), num_layers=layers,
-        layer_kinds=tuple("kda" if i + 1 in kda else "mla" for i in range(layers)),
-        first_k_dense=need("first_k_dense_replace"), dense_intermediate=need("intermediate_size"),
-        max_seq_len=need("max_position_embeddings"), rms_norm_eps=need("rms_norm_eps"), dtype=dtype,
-        init_std=t.get("initializer_range", 0.02),
-        kda_heads=lin["num_heads"], kda_head_dim=lin["head_dim"], kda_conv_kernel=lin.get("short_conv_kernel_size", 4),
-        kda_gate_rank=lin["head_dim"],                      # f_a_proj: hidden_size -> head_dim
-        kda_gate_lower_bound=lin.get("gate_lower_bound"),
-        kda_output_gate_rank=None if lin.get("use_full_rank_gate", False) else lin["head_dim"],
-        mla_heads=heads, q_lora_rank=t.get("q_lora_rank"), kv_lora_rank=need("kv_lora_rank"),
-        qk_nope_dim=need("qk_nope_head_dim"), qk_rope_dim=need("qk_rope_head_dim"), v_head_dim=need("v_head_dim"),
-        mla_output_gate=bool(t.get("mla_use_output_gate", False)), mla_rope=False, mla_norm_eps=None,
-        moe_kind="latent" if latent is not None else "plain",
-        num_experts=need("num_experts"), top_k=need("num_experts_per_token"),
-        moe_intermediate=need("moe_intermediate_size"), latent_dim=latent if latent is not None else 32,
-        num_shared_experts=t.get("num_shared_experts") or 0, shared_intermediate=need("moe_intermediate_size"),
-        routed_scaling=float(t.get("routed_scaling_factor", 1.0)), renormalize=bool(t.get("moe_renormalize", True)),
-        mlp_act="situ" if t["hidden_act"] == "situ" else "swiglu",
-        situ_beta_gate=float(t.get("activation_situ_beta", 4.0)),
-        situ_beta_up=float(t.get("activation_situ_linear_beta", 25.0)),
-        residual="standard" if block is None else "block",
-        attnres_block_size=2 * block if block is not None else 12,   # layers -> sublayers
-    )
 
 
 def config_json_for(config: K3Config) -> dict:
@@ -218,54 +115,12 @@ def released_tensors(config: K3Config, experts: bool = True) -> dict[str, Spec]:
     c = config
     if c.moe_kind != "latent" or c.residual != "block":
         raise ConfigError("the released layout is K3's: latent MoE and Block AttnRes.")
-    w = _ST_OF[c.dtype]
-    D, H, K, E, m, l = c.hidden_size, c.kda_heads, c.kda_head_dim, c.num_experts, c.moe_intermediate, c.latent_dim
-    out: dict[str, Spec] = {}
-    out[LM + "model.embed_tokens.weight"] = Spec((c.vocab_size, D), w)
+    w, D = _ST_OF[c.dtype], c.hidden_size
+    out: dict[str, Spec] = {LM + "model.embed_tokens.weight": Spec((c.vocab_size, D), w)}
     for i, kind in enumerate(c.layer_kinds):
         p = LAYER.format(layer=i)
-        a = p + "self_attn."
-        if kind == "kda":
-            for name in ("q_proj", "k_proj", "v_proj"):
-                out[a + name + ".weight"] = Spec((H * K, D), w)
-            for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
-                out[a + name + ".weight"] = Spec((H * K, 1, c.kda_conv_kernel), "F32")
-            out[a + "A_log"] = Spec((a_log_length(c),), "F32")
-            out[a + "f_a_proj.weight"] = Spec((c.kda_gate_rank, D), w)
-            out[a + "f_b_proj.weight"] = Spec((H * K, c.kda_gate_rank), w)
-            out[a + "dt_bias"] = Spec((H * K,), "F32")
-            out[a + "b_proj.weight"] = Spec((H, D), w)
-            out[a + "g_proj.weight"] = Spec((H * K, D), w)
-            out[a + "o_norm.weight"] = Spec((K,), "F32")
-            out[a + "o_proj.weight"] = Spec((D, H * K), w)
-        else:
-            Hm = c.mla_heads
-            out[a + "q_a_proj.weight"] = Spec((c.q_lora_rank, D), w)
-            out[a + "q_a_layernorm.weight"] = Spec((c.q_lora_rank,), w)
-            out[a + "q_b_proj.weight"] = Spec((Hm * c.qk_head_dim, c.q_lora_rank), w)
-            out[a + "kv_a_proj_with_mqa.weight"] = Spec((c.kv_lora_rank + c.qk_rope_dim, D), w)
-            out[a + "kv_a_layernorm.weight"] = Spec((c.kv_lora_rank,), w)
-            out[a + "kv_b_proj.weight"] = Spec((Hm * (c.qk_nope_dim + c.v_head_dim), c.kv_lora_rank), w)
-            out[a + "o_proj.weight"] = Spec((D, Hm * c.v_head_dim), w)
-            out[a + "g_proj.weight"] = Spec((Hm * c.v_head_dim, D), w)
-        if i < c.first_k_dense:
-            f = c.dense_intermediate
-            out[p + "mlp.gate_proj.weight"] = Spec((f, D), w)
-            out[p + "mlp.up_proj.weight"] = Spec((f, D), w)
-            out[p + "mlp.down_proj.weight"] = Spec((D, f), w)
-        else:
-            s = p + "block_sparse_moe."
-            for e in range(E if experts else 0):
-                out |= expert_tensors(c, i, e)
-            out[s + "gate.weight"] = Spec((E, D), w)
-            out[s + "gate.e_score_correction_bias"] = Spec((E,), "F32")
-            hs = c.num_shared_experts * c.shared_intermediate
-            out[s + "shared_experts.gate_proj.weight"] = Spec((hs, D), w)
-            out[s + "shared_experts.up_proj.weight"] = Spec((hs, D), w)
-            out[s + "shared_experts.down_proj.weight"] = Spec((D, hs), w)
-            out[s + "routed_expert_down_proj.weight"] = Spec((l, D), w)
-            out[s + "routed_expert_up_proj.weight"] = Spec((D, l), w)
-            out[s + "routed_expert_norm.weight"] = Spec((l,), w)
+        out |= (_kda_tensors if kind == "kda" else _mla_tensors)(c, p + "self_attn.", w)
+        out |= _dense_tensors(c, p, w) if i < c.first_k_dense else _moe_tensors(c, i, p + "block_sparse_moe.", w, experts)
         out[p + "input_layernorm.weight"] = Spec((D,), w)
         out[p + "post_attention_layernorm.weight"] = Spec((D,), w)
         for site in ("self_attention", "mlp"):
@@ -275,6 +130,65 @@ def released_tensors(config: K3Config, experts: bool = True) -> dict[str, Spec]:
     out[LM + "model.output_attn_res_norm.weight"] = Spec((D,), w)
     out[LM + "model.output_attn_res_proj.weight"] = Spec((1, D), w)
     out[LM + "lm_head.weight"] = Spec((c.vocab_size, D), w)
+    return out
+
+
+def _kda_tensors(c: K3Config, a: str, w: str) -> dict[str, Spec]:
+    """One KimiDeltaAttention's tensors under prefix `a` (".../self_attn.")."""
+    D, H, K = c.hidden_size, c.kda_heads, c.kda_head_dim
+    out = {a + name + ".weight": Spec((H * K, D), w) for name in ("q_proj", "k_proj", "v_proj")}
+    out |= {a + name + ".weight": Spec((H * K, 1, c.kda_conv_kernel), "F32")
+            for name in ("q_conv1d", "k_conv1d", "v_conv1d")}
+    out[a + "A_log"] = Spec((a_log_length(c),), "F32")
+    out[a + "f_a_proj.weight"] = Spec((c.kda_gate_rank, D), w)
+    out[a + "f_b_proj.weight"] = Spec((H * K, c.kda_gate_rank), w)
+    out[a + "dt_bias"] = Spec((H * K,), "F32")
+    out[a + "b_proj.weight"] = Spec((H, D), w)
+    out[a + "g_proj.weight"] = Spec((H * K, D), w)
+    out[a + "o_norm.weight"] = Spec((K,), "F32")
+    out[a + "o_proj.weight"] = Spec((D, H * K), w)
+    return out
+
+
+def _mla_tensors(c: K3Config, a: str, w: str) -> dict[str, Spec]:
+    """One KimiMLAAttention's tensors under prefix `a`."""
+    D, Hm = c.hidden_size, c.mla_heads
+    return {
+        a + "q_a_proj.weight": Spec((c.q_lora_rank, D), w),
+        a + "q_a_layernorm.weight": Spec((c.q_lora_rank,), w),
+        a + "q_b_proj.weight": Spec((Hm * c.qk_head_dim, c.q_lora_rank), w),
+        a + "kv_a_proj_with_mqa.weight": Spec((c.kv_lora_rank + c.qk_rope_dim, D), w),
+        a + "kv_a_layernorm.weight": Spec((c.kv_lora_rank,), w),
+        a + "kv_b_proj.weight": Spec((Hm * (c.qk_nope_dim + c.v_head_dim), c.kv_lora_rank), w),
+        a + "o_proj.weight": Spec((D, Hm * c.v_head_dim), w),
+        a + "g_proj.weight": Spec((Hm * c.v_head_dim, D), w),
+    }
+
+
+def _dense_tensors(c: K3Config, p: str, w: str) -> dict[str, Spec]:
+    """A dense layer's MLP under layer prefix `p`."""
+    D, f = c.hidden_size, c.dense_intermediate
+    return {p + "mlp.gate_proj.weight": Spec((f, D), w), p + "mlp.up_proj.weight": Spec((f, D), w),
+            p + "mlp.down_proj.weight": Spec((D, f), w)}
+
+
+def _moe_tensors(c: K3Config, layer: int, s: str, w: str, experts: bool) -> dict[str, Spec]:
+    """One KimiSparseMoeBlock's tensors under prefix `s` (".../block_sparse_moe."): the routed experts first."""
+    D, E, l = c.hidden_size, c.num_experts, c.latent_dim
+    out: dict[str, Spec] = {}
+    for e in range(E if experts else 0):
+        out |= expert_tensors(c, layer, e)
+    hs = c.num_shared_experts * c.shared_intermediate
+    out |= {
+        s + "gate.weight": Spec((E, D), w),
+        s + "gate.e_score_correction_bias": Spec((E,), "F32"),
+        s + "shared_experts.gate_proj.weight": Spec((hs, D), w),
+        s + "shared_experts.up_proj.weight": Spec((hs, D), w),
+        s + "shared_experts.down_proj.weight": Spec((D, hs), w),
+        s + "routed_expert_down_proj.weight": Spec((l, D), w),
+        s + "routed_expert_up_proj.weight": Spec((D, l), w),
+        s + "routed_expert_norm.weight": Spec((l,), w),
+    }
     return out
 
 
