@@ -12,7 +12,9 @@ from .lesson4 import block_sources, depth_attention
 from .lesson5 import ep_bytes, mxfp4_bytes, release_bytes
 from .lesson6 import num_sources, sublayer_order
 from .lesson7 import ablated_route, kl, reset_head
+from .build import attend_with_cache, delta_chunked, delta_step, kda_head, mla_decode  # the "Build it yourself" thread
 
 __all__ = ["route", "active_params", "bias_update", "kda_step", "kda_gate", "read_weights", "mla_cache_bytes",
            "kda_state_bytes", "depth_attention", "block_sources", "mxfp4_bytes", "release_bytes", "ep_bytes", "sublayer_order",
-           "num_sources", "ablated_route", "kl", "reset_head"]
+           "num_sources", "ablated_route", "kl", "reset_head", "delta_step", "delta_chunked", "kda_head",
+           "attend_with_cache", "mla_decode"]
