@@ -484,16 +484,15 @@ try_exercise(check_read_weights, my_read_weights)
 # them**: B.1 the gated delta-rule step for every head at once; B.2 the chunked form, checked against tiny_k3
 # *and against your own step*; B.3 one KDA head, your step over a sequence fed exactly as the layer feeds it
 # (its q/k normalisation, its gate, its β). The cell after them puts your head into every KDA layer of the
-# trained `small` model and compares the model's logits on this lesson's prompt with its own. Everything here
+# `small` model and compares the model's logits on this lesson's prompt with its own. Everything here
 # runs in float64, so "the same" is checked to 1e-9. Each exercise has three hints: `hint("B.1")` the idea,
 # `hint("B.1", 2)` the shape of the computation, `hint("B.1", 3)` the code.
 
 # %%
-import torch  # noqa: E402  (this section imports what it uses: it runs on its own too)
-
+# (this section imports what it uses: it also runs on its own)
 from checks.build import against, check_delta_chunked, check_delta_step, check_kda_head, run_your_layer  # noqa: E402
 from tiny_k3 import DEFAULT_PROMPT  # noqa: E402
-from workshop import exercise, load_model, try_exercise  # noqa: E402
+from workshop import exercise, load_model, try_exercise, weights_note  # noqa: E402
 
 print("the build thread: B.1 my_delta_step -> B.2 my_delta_chunked -> B.3 my_kda_head -> the model on your head")
 
@@ -553,7 +552,8 @@ try_exercise(check_kda_head, my_kda_head)
 # predicts for the prompt.
 
 # %%
-build_model, _ = load_model("small")
+build_model, build_trained = load_model("small")
 build_model = build_model.double().eval()          # float64: the comparison can be held to 1e-9
-print(f"{len(build_model.config.kda_layers)} KDA layers × {build_model.config.kda_heads} heads run your code:")
+print(f"small, {weights_note(build_trained)}, in float64")
+print(f"your head goes into {len(build_model.config.kda_layers)} KDA layers × {build_model.config.kda_heads} heads:")
 build_kda = run_your_layer(build_model, DEFAULT_PROMPT, kda_head=my_kda_head)

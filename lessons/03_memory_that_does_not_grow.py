@@ -582,18 +582,17 @@ try_exercise(check_kda_state_bytes, my_kda_state_bytes)
 #
 # This lesson compared a cache that grows with a state that does not. Here you build the growing one: softmax
 # attention that decodes one token at a time, appending each token's keys and values to a cache (B.4). Then the
-# model runs on it: every MLA layer of the trained `small` model attends through your function with a plain
+# model runs on it: every MLA layer of the `small` model attends through your function with a plain
 # per-head KV cache (the keys [k_nope, k_rope] and values each head would get from its latents), and the cell
 # compares the logits with the model's own and the bytes of your cache with the bytes of the model's latent
 # cache, both measured from the tensors after the prompt. Float64 throughout. Three hints: `hint("B.4")`,
 # `hint("B.4", 2)`, `hint("B.4", 3)`.
 
 # %%
-import torch  # noqa: E402  (this section imports what it uses: it runs on its own too)
-
+# (this section imports what it uses: it also runs on its own)
 from checks.build import TOLERANCE, check_attend_with_cache, run_your_layer  # noqa: E402
 from tiny_k3 import DEFAULT_PROMPT  # noqa: E402
-from workshop import exercise, load_model, try_exercise  # noqa: E402
+from workshop import exercise, load_model, try_exercise, weights_note  # noqa: E402
 
 print("the build thread, part 2: B.4 my_attend_with_cache -> the model's MLA layers on your KV cache")
 
@@ -614,8 +613,9 @@ try_exercise(check_attend_with_cache, my_attend_with_cache)
 # ### The model on your attention, and what your cache holds
 
 # %%
-build_model, _ = load_model("small")
+build_model, build_trained = load_model("small")
 build_model = build_model.double().eval()          # float64: the comparison can be held to 1e-9
+print(f"small, {weights_note(build_trained)}, in float64")
 build_attention = run_your_layer(build_model, DEFAULT_PROMPT, attention=my_attend_with_cache)
 if build_attention is not None:
     c = build_model.config

@@ -121,7 +121,16 @@ def test_delta_chunked_mistakes_are_named():
 
     fails_with(c, lambda q, k, v, g, b, s, C, S0=None: solutions.delta_chunked(q, k, v, g, b, 1.0, C, S0), "scale")
     fails_with(c, lambda q, k, v, g, b, s, C, S0=None: solutions.delta_chunked(q, k, v, g, b, s, C), "S0 is missing")
+    def halve_the_handed_on_state(q, k, v, g, beta, scale, C, S0=None):
+        outs, S = [], S0
+        for s in range(0, q.shape[0], C):
+            o, S = solutions.delta_chunked(q[s:s + C], k[s:s + C], v[s:s + C], g[s:s + C], beta[s:s + C], scale, C, S)
+            outs.append(o)
+            S = 0.5 * S
+        return torch.cat(outs), 2.0 * S
+
     fails_with(c, restart_each_chunk, "carry the state")
+    fails_with(c, halve_the_handed_on_state, "the state you hand on")
     fails_with(c, whole_chunks_only, "last, shorter one")
     fails_with(c, lambda q, *a: (torch.zeros(q.shape[0] - 1, *q.shape[1:]), None), "o has shape")
 

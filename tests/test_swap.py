@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tiny_k3 import K3Config, TinyK3
 from tiny_k3.kda import kda_gate, kda_recurrent
@@ -19,14 +18,17 @@ from tiny_k3.swap import compare, swapped
 TOL = 1e-9          # float64
 
 
-def project_kda_head(q, k, v, g_raw, beta_logit, A_log, dt_bias, lower_bound, S0):
-    """One head as KDALayer computes it, from tiny_k3.kda's own gate and recurrence (q/k norm as the layer's)."""
+def project_kda_head(q, k, v, g_raw, beta_logit, A_log, dt_bias, lower_bound, S0, normalise=True):
+    """One head as KDALayer computes it, from tiny_k3.kda's own gate and recurrence (q/k norm as the layer's).
+    normalise=False: the mistake of skipping the L2 norm."""
     K = q.shape[-1]
-    q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
-    k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+    if normalise:
+        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
     g = kda_gate(g_raw.view(1, -1, 1, K), A_log.view(1), dt_bias, lower_bound)
     o, S = kda_recurrent(q.view(1, -1, 1, K), k.view(1, -1, 1, K), v[None, :, None], g,
-                         torch.sigmoid(beta_logit).view(1, -1, 1), initial_state=None if S0 is None else S0[None, None], output_final_state=True)
+                         torch.sigmoid(beta_logit).view(1, -1, 1),
+                         initial_state=None if S0 is None else S0[None, None], output_final_state=True)
     return o[0, :, 0], S[0, 0]
 
 
@@ -86,14 +88,8 @@ def test_a_batch_of_two_and_token_by_token_decode_run_on_the_swapped_layers(mode
     assert swap.kv_bytes() == len(c.mla_layers) * 2 * batch.shape[1] * per_token * 8
 
 
-def _unnormalised(q, k, v, g_raw, beta_logit, A_log, dt_bias, lower_bound, S0):
-    """The mistake of skipping the layer's q/k L2 norm (the rest as the layer)."""
-    K = q.shape[-1]
-    g = kda_gate(g_raw.view(1, -1, 1, K), A_log.view(1), dt_bias, lower_bound)
-    o, S = kda_recurrent(q.view(1, -1, 1, K), k.view(1, -1, 1, K), v[None, :, None], g,
-                         torch.sigmoid(beta_logit).view(1, -1, 1),
-                         initial_state=None if S0 is None else S0[None, None], output_final_state=True)
-    return o[0, :, 0], S[0, 0]
+def _unnormalised(*args):
+    return project_kda_head(*args, normalise=False)
 
 
 def unscaled_attention(cache, q, k, v, scale):
