@@ -97,6 +97,14 @@ def test_delta_step_mistakes_are_named():
     fails_with(c, lambda S, *a: (S[..., 0], S), "o has shape")
 
 
+def test_a_near_miss_says_how_far_off_it_is():
+    def slightly_off(*a):
+        o, S = solutions.delta_step(*a)
+        return o, S * (1 + 1e-7)
+
+    fails_with(check_delta_step, slightly_off, "S_new is wrong", "largest difference", "the check asks 1e-09")
+
+
 def test_delta_step_recognises_column_decay_where_K_equals_V():
     fails_with(check_delta_step, lambda *a: _step(*a, decay=lambda g: g.exp()[:, None, :])
                if a[0].shape[1] == a[0].shape[2] else solutions.delta_step(*a), "*columns*")

@@ -85,7 +85,7 @@ def _kda_forward(layer: KDALayer, head: Callable, x: torch.Tensor, cache: KDASta
     state = x.new_zeros(B, H, K, V, dtype=fp)
     for b in range(B):
         for h in range(H):
-            S0 = None if cache is None else cache.state[b, h].to(fp)
+            S0 = None if cache is None else cache.state[b, h].to(fp).clone()   # theirs to change: not the cache
             o_bh, S_bh = head(q[b, :, h], k[b, :, h], v[b, :, h], g_raw[b, :, h], beta_logit[b, :, h],
                               A_log[h], dt_bias[h], layer.lower_bound, S0)
             o[b, :, h], state[b, h] = o_bh, S_bh

@@ -42,6 +42,11 @@ def _recurrence(q, k, v, g, beta, scale, S0=None):
     return o[0], S[0]
 
 
+def _off(got: torch.Tensor, want: torch.Tensor) -> str:
+    """How far off, for when the printed digits agree: ' (largest difference 3e-07; the check asks 1e-09)'."""
+    return f" (largest difference {float((got.double() - want).abs().max()):.1e}; the check asks {TOLERANCE:g})"
+
+
 def _pair(got, first: tuple, second: tuple):
     """The learner's (a, b) as two tensors of the given (name, shape, meaning)."""
     if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -95,7 +100,8 @@ def check_delta_step(fn) -> None:
             err = v - torch.einsum("hk,hkv->hv", k, src) if delta else v
             return dec + (beta[:, None, None] if use_beta else 1.0) * k[..., None] * err[:, None, :]
 
-        right = f"For this input S_new[0, 0] should be {_fmt(S_ref[0, 0])}; yours is {_fmt(S_new[0, 0])}."
+        right = (f"For this input S_new[0, 0] should be {_fmt(S_ref[0, 0])}; yours is {_fmt(S_new[0, 0])}"
+                 f"{_off(S_new, S_ref)}.")
         if not _same(S_new, S_ref):
             wrong = [(write(g.mean(-1).exp()[:, None, None] * S),
                       "Your decay is one number per head (the mean of g over channels): Gated DeltaNet's. KDA decays "
@@ -114,7 +120,7 @@ def check_delta_step(fn) -> None:
                 if _same(S_new, candidate):
                     raise ExerciseError(message + "\n  " + right)
             raise ExerciseError("S_new is wrong. " + right)
-        want = f"For this input o[0] should be {_fmt(o_ref[0])}; yours is {_fmt(o[0])}."
+        want = f"For this input o[0] should be {_fmt(o_ref[0])}; yours is {_fmt(o[0])}{_off(o, o_ref)}."
         for label, state in [("the old state S", S), ("the decayed state S' (before the write)", decayed)]:
             if _same(o, torch.einsum("hk,hkv->hv", scale * q, state)):
                 raise ExerciseError(f"S_new is right, but you read o from {label}. Read after the write: "
@@ -211,7 +217,7 @@ def check_delta_chunked(fn, step=None) -> None:
             continue
         if matches:
             continue
-        right = f"For this input o[-1, 0] should be {_fmt(o_ref[-1, 0])}; yours is {_fmt(o[-1, 0])}."
+        right = f"For this input o[-1, 0] should be {_fmt(o_ref[-1, 0])}; yours is {_fmt(o[-1, 0])}{_off(o, o_ref)}."
         wrong = [(_recurrence(q, k, v, g, beta, 1.0, S0), "You left out the scale: o = Sᵀ (scale · q)."),
                  (_recurrence(q, k, v, g, beta, scale), "The incoming state S0 is missing: the first chunk starts "
                   "from S0 (its U subtracts W S0, and its outputs add the decayed queries against S0)."),
@@ -222,9 +228,9 @@ def check_delta_chunked(fn, step=None) -> None:
             o_cut, _ = _recurrence(q[:whole], k[:whole], v[:whole], g[:whole], beta[:whole], scale, S0)
             if _same(o[:whole], o_cut) and not _same(o[whole:], o_ref[whole:]):
                 raise ExerciseError(f"The whole chunks are right, but the last, shorter one (tokens {whole} … "
-                                    f"{T - 1}) is not: T = {T} is not a multiple of chunk_size = {C}; size its matrices by "
-                                    "the tokens it really has.\n  " + right)
-        for (o_bad, S_bad), message in wrong:
+                                    f"{T - 1}) is not: T = {T} is not a multiple of chunk_size = {C}; size its matrices "
+                                    "by the tokens it really has.\n  " + right)
+        for (o_bad, _), message in wrong:
             if _same(o, o_bad):
                 raise ExerciseError(message + "\n  " + right)
         first = min(C, T)
@@ -308,7 +314,7 @@ def check_kda_head(fn) -> None:
         o, S = _pair(got, ("o", (T, V), "one read-out per token"), ("S", (K, V), "this head's final state"))
         if _same(o, o_ref) and _same(S, S_ref):
             continue
-        right = f"For this input o[-1] should be {_fmt(o_ref[-1])}; yours is {_fmt(o[-1])}."
+        right = f"For this input o[-1] should be {_fmt(o_ref[-1])}; yours is {_fmt(o[-1])}{_off(o, o_ref)}."
         wrong = [(dict(norm_eps=None), "q and k must be unit vectors first: the layer L2-normalises them per head "
                   "(x / sqrt(Σ x² + 1e-6)); the delta rule's error v − S'ᵀk assumes ‖k‖ ≈ 1."),
                  (dict(norm_eps=0.0), "Nearly: the layer's L2 norm keeps 1e-6 inside the root, x / sqrt(Σ x² + 1e-6) "
@@ -388,7 +394,7 @@ def check_attend_with_cache(fn) -> None:
             cache = (keys, values)
             if _same(o, want):
                 continue
-            right = f"At token {t}, o[0] should be {_fmt(want[0])}; yours is {_fmt(o[0])}."
+            right = f"At token {t}, o[0] should be {_fmt(want[0])}; yours is {_fmt(o[0])}{_off(o, want)}."
             scores = torch.einsum("hd,shd->hs", q[t], k[:t + 1])
             for bad, message in [(scores, "You left out the scale: the scores are scale · q·k."),
                                  (scores * D ** -0.5, f"Use the scale you are given ({scale}), not 1/sqrt(D): the "
@@ -457,7 +463,7 @@ def check_mla_decode(fn) -> None:
                       "o", (H, Vd), "one output per head")
         if _same(got, want):
             continue
-        right = f"With S = {S} cached tokens, o[0] should be {_fmt(want[0])}; yours is {_fmt(got[0])}."
+        right = f"With S = {S} cached tokens, o[0] should be {_fmt(want[0])}; yours is {_fmt(got[0])}{_off(got, want)}."
         q_latent = torch.einsum("hn,hnr->hr", q_nope, W_kb)
 
         def out(scores, axis=-1):
