@@ -4,9 +4,9 @@
     python tui.py --open RUN.npz        # a run saved with `s` (in runs/), at the step it was saved
     python3 dev.py run --open runs/RUN.npz   # the same through dev.py, from the checkout
 
-The app lives in the tui_app package beside this file (driver, panels, screens); this module checks the
-environment and the command line, then runs it. Every bad value is one sentence and exit status 2, before
-anything starts.
+This top-level module is what `tiny-k3` runs (pyproject.toml installs it into site-packages as `tui`): it
+checks that this Python is the project's environment, then hands over to tui_app.cli (the command line)
+and tui_app.app (the app).
 """
 
 from __future__ import annotations
@@ -22,106 +22,10 @@ except ModuleNotFoundError as _missing:
     sys.exit(f"tiny-k3: this Python has no {_missing.name!r} module, so it is not the project's environment; "
              f"run `python3 dev.py run` instead (it sets up .venv on first use and starts the TUI).")
 
-import argparse
-import os
-import threading
-import time
+from tui_app import TinyK3App  # noqa: E402 - after the environment check
+from tui_app.cli import UsageError, main, parse_args  # noqa: E402
 
-from sim import runfile
-from tiny_k3.config import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT
-from tiny_k3.model import resolve_device
-from tiny_k3.tokenizer import encode
-from tui_app import TinyK3App
-from tiny_k3.weights import config_for
-from tui_app.app import WORKER_THREAD
-from tui_app.driver import tui_presets
-
-__all__ = ["TinyK3App", "main", "parse_args"]
-
-EXIT_GRACE = 0.5   # seconds a job may take to reach its next cancel check after q, before the process exits anyway
-
-
-class UsageError(Exception):
-    """A bad command-line value: one sentence."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):   # argparse's own errors, as one sentence (no usage block)
-        raise UsageError(message[0].upper() + message[1:].rstrip(".") + "; see --help.")
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"the seed must be a whole number, 0 or more, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"the seed must be 0 or more, got {value}")
-    return value
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, checked: raises UsageError with one sentence naming the value and what is allowed."""
-    presets = tui_presets()
-    parser = _Parser(prog="tiny-k3", description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(presets)}")
-    parser.add_argument("--prompt", default=None, help="the text to start from (default: a short example)")
-    parser.add_argument("--seed", type=_seed, default=0, help="seed of random init and sampling (0 or more)")
-    parser.add_argument("--weights", default="auto", choices=("auto", "trained", "random"),
-                        help="auto: the shipped trained weights where a preset has them")
-    parser.add_argument("--device", default=None, help="cpu (default) or cuda; also $TINY_K3_DEVICE")
-    parser.add_argument("--open", dest="open_path", default=None, metavar="RUN", help="reopen a saved run")
-    args = parser.parse_args(argv)
-    if args.preset in COUNTED_ONLY:
-        raise UsageError(f"Preset {args.preset!r} is a full-size model, only counted, never run; "
-                         f"pick one of: {', '.join(presets)}.")
-    if args.preset not in presets:
-        raise UsageError(f"Unknown preset {args.preset!r}; valid presets are: {', '.join(presets)}.")
-    prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
-    if not prompt:
-        raise UsageError("The prompt is empty; give at least one character to start from.")
-    limit = config_for(args.preset).max_seq_len
-    if len(encode(prompt)) >= limit:
-        raise UsageError(f"The prompt is {len(prompt.encode())} bytes but preset {args.preset!r} holds {limit} "
-                         f"tokens in all, so use at most {limit - 2} bytes.")
-    args.prompt = prompt
-    try:
-        resolve_device(args.device)
-    except ValueError as exc:
-        raise UsageError(str(exc)[0].upper() + str(exc)[1:]) from None
-    if args.open_path is not None:
-        try:
-            runfile.read(args.open_path)
-        except ValueError as exc:
-            raise UsageError(f"Cannot open the run: {exc}") from None
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-    except UsageError as exc:
-        print(f"tiny-k3: {exc}", file=sys.stderr)
-        return 2
-    app = TinyK3App(args.preset, args.prompt, args.seed, args.device, weights=args.weights,
-                    open_path=args.open_path)
-    app.run()
-    _exit_promptly(app.return_code or 0)
-    return app.return_code or 0
-
-
-def _exit_promptly(code: int) -> None:
-    """q means quit now: give a job in flight EXIT_GRACE to stop at its cancel check, then leave anyway
-    (a k3-topo token or model build can take longer; the interpreter would otherwise wait for it)."""
-    deadline = time.monotonic() + EXIT_GRACE
-    for thread in threading.enumerate():
-        if thread.name.startswith(WORKER_THREAD):
-            thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.name.startswith(WORKER_THREAD) and t.is_alive() for t in threading.enumerate()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
+__all__ = ["TinyK3App", "UsageError", "main", "parse_args"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,11 +1,13 @@
 """Latent MoE (top-16 of 896) vs a dense SiTU-GLU FFN with the same active parameters.
 
-    python bench/bench_moe.py [--device cuda] [--repeats 200]
+    python bench/bench_moe.py [--device cuda] [--repeats 200] [--force experts=columns ...]
 
 Active parameters of the MoE layer = router + latent down/up + latent norm + shared experts + top_k routed
 experts; the dense FFN gets hidden width active / (3 D), so both layers do about the same multiply-adds per
 token. The ratio (MoE time / dense time) is the price of sparsity in a framework: routing, gathering the
 chosen experts' weights and scattering back. Target (issue 15): <= 3x at decode (B=1, T=1) and prefill-256.
+--force STAGE=PATH times one path of the MoE's decision table (tiny_k3/moe_fast.py, `FastPaths.choose`)
+wherever it applies, e.g. to check or refit its `CostModel` on another machine.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tiny_k3.config import ConfigError, K3Config  # noqa: E402
 from tiny_k3.moe import GatedMLP, LatentMoE  # noqa: E402
+from tiny_k3.moe_fast import STAGES  # noqa: E402
 from provenance import provenance_line  # noqa: E402
 
 # --clock cpu: process CPU time instead of wall time, for a machine that other work keeps busy (a preempted
@@ -87,7 +90,13 @@ def main() -> None:
                         help="keep: glibc keeps freed memory (no page faults from heap trims): arithmetic alone")
     parser.add_argument("--presets", nargs="+", default=["small", "mini-896/16"],
                         help="K3Config presets to time (default: the two of issue 15's table)")
+    parser.add_argument("--force", nargs="+", default=[], metavar="STAGE=PATH",
+                        help="take these paths of the decision table wherever they apply; "
+                             + "; ".join(f"{stage}: {'|'.join(paths)}" for stage, paths in STAGES.items()))
     args = parser.parse_args()
+    if any("=" not in item for item in args.force):
+        parser.error(f"--force takes STAGE=PATH items, got {' '.join(args.force)!r}.")
+    forced = dict(item.partition("=")[::2] for item in args.force)
     print(provenance_line())
     try:
         configs = {preset: K3Config.preset(preset) for preset in args.presets}
@@ -100,12 +109,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, clock {args.clock}, "
-          f"malloc {args.malloc}")
+          f"malloc {args.malloc}" + (f", forced {' '.join(args.force)}" if args.force else ""))
     print(f"{'preset':<12} {'shape':<10} {'active':>8} {'dense h':>8} {'moe ms':>8} {'dense ms':>9} {'ratio':>6}"
           f" {'faults/call moe, dense':>23}")
     for preset in args.presets:
         c = configs[preset]
         moe = LatentMoE(c, device=args.device)  # built outside inference mode, as a model is: run inside it
+        try:
+            moe.fast.force(**forced)
+        except ValueError as error:
+            parser.error(str(error))
         active = active_params(moe)
         hidden = round(active / (3 * c.hidden_size))
         dense = GatedMLP(c.hidden_size, hidden, c, device=args.device)

@@ -107,6 +107,15 @@ print(f"weights sum to {w.sum():.6f}; from {w.min():.4f} to {w.max():.4f} (1/k =
       f"{cfg.num_experts - cfg.top_k} experts stay idle for this token")
 print(f"{facts['chosen_because_of_bias']} of the {cfg.top_k} chosen experts would NOT be chosen by the score "
       "alone: the bias put them in")
+chosen_s = s[chosen]
+kth_best = float(s.topk(cfg.top_k).values[-1])
+facts.update(chosen_score_min=float(chosen_s.min()), chosen_score_max=float(chosen_s.max()), kth_best_score=kth_best)
+# w = s[ids] / Σ s[ids]: the weights' spread IS the chosen scores' spread (the sum cancels in the ratio)
+assert abs(float(w.max() / w.min()) - float(chosen_s.max() / chosen_s.min())) < 1e-4, \
+    "the weights are the chosen scores over their sum, so max/min of one must equal max/min of the other"
+print(f"the chosen scores run from {chosen_s.min():.3f} to {chosen_s.max():.3f} (max/min {chosen_s.max() / chosen_s.min():.2f}"
+      f" = the weights' max/min); the {cfg.top_k} best scores alone run from {kth_best:.3f} to {s.max():.3f}; "
+      f"all {cfg.num_experts} span {s.min():.3f} to {s.max():.3f}")
 
 # %% [markdown]
 # Three things to read off the table (the test suite checks each on this very model):
@@ -116,8 +125,11 @@ print(f"{facts['chosen_because_of_bias']} of the {cfg.top_k} chosen experts woul
 # * **The bias is as large as the scores.** Here it spans a range of the same order as the scores, so it does
 #   not just break ties: it decides a good part of *which* experts win (the count above).
 # * **The 16 weights are nearly flat** — within a factor of about 2 of each other and of 1/k. They are the
-#   chosen scores divided by their sum, and the chosen 16 are the best of 896, so they are all close to the top.
-#   The routed part of the output is close to a plain average of 16 experts; *which* 16 is the decision.
+#   chosen scores divided by their sum, so their max/min is the chosen scores' max/min (the last line above).
+#   The chosen 16 are *not* the 16 best scores: the bias swapped some in (the count above), and those score
+#   below the 16th-best. What keeps the weights flat is that every chosen score, swapped in or not, is far
+#   from 0 — the printed range — so no one expert's share is tiny or dominant. The routed part of the output
+#   is close to a plain average of 16 experts; *which* 16 is the decision.
 #
 # The 896 experts drawn as 16 rows of 56 (K3's 56:1 ratio, one chosen expert per row on average):
 
@@ -128,15 +140,14 @@ def draw_routing(ax_grid, ax_bars, ev, title):
     heatmap(ax_grid, grid, label="router score s = σ(W_r x)", vmin=0, vmax=1, cmap="Greys",
             xlabel="expert id mod 56", ylabel="expert id // 56")
     rows, cols = np.divmod(chosen.numpy(), grid.shape[1])
-    ax_grid.scatter(cols, rows, s=40, c="crimson", marker="s", label="chosen (top-k of s + b)")
-    ax_grid.set_title(title)
+    ax_grid.scatter(cols, rows, s=40, c="crimson", marker="s")
+    ax_grid.set_title(f"{title}; red: the {len(chosen)} chosen (top-k of s + b)")   # a legend would cover experts
     integer_ticks(ax_grid, "both")
-    ax_grid.legend(loc="upper right", framealpha=0.9)
     ax_bars.bar(range(len(w)), w.numpy(), color="crimson")
-    ax_bars.axhline(1 / len(w), color="k", lw=1, ls="--", label="1/k")
+    ax_bars.axhline(1 / len(w), color="k", lw=1, ls="--")
     ax_bars.set_xticks(range(len(w)), [str(e) for e in chosen.tolist()], rotation=90)
     ax_bars.set_xlabel("chosen expert id"), ax_bars.set_ylabel("weight w")
-    ax_bars.set_title("renormalised weights (sum 1)"), ax_bars.legend(loc="lower right")
+    ax_bars.set_title("renormalised weights (sum 1); dashed: 1/k")
 
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.2), gridspec_kw={"width_ratios": [2.2, 1]})
@@ -318,8 +329,9 @@ print(f"{'values sent per token':22s} {K2['top_k'] * K2['d']:>10,} {k3.top_k * k
 #
 # `mini-56/1 … mini-896/16` (k3_facts.md §7) keep the **same routed parameters and the same active
 # routed parameters**: N experts of width m = 256/k, top-k, always 56:1. Finer experts give the router
-# vastly more combinations to choose from, at the same compute; only the router itself (N × d per layer,
-# always active) grows.
+# vastly more combinations to choose from at the same *expert* compute. The router itself (N × d per layer,
+# always active) grows with N, and at this toy width that is not small: the table's active column rises with it
+# (the line under the table says by how much, and how little it is at K3's width).
 
 # %%
 rows = []
@@ -334,6 +346,13 @@ print(f"{'preset':12s} {'total':>10s} {'active':>9s} {'routed':>10s} {'per exper
       f"{'log10 C(N,k)':>12s}")
 for r in rows:
     print(f"{r[0]:12s} {r[1]:>10,} {r[2]:>9,} {r[3]:>10,} {r[4]:>10,} {r[5]:>8,} {r[6]:>12.1f}")
+without_router = {r[2] - r[5] for r in rows}
+assert len(without_router) == 1, "the mini family keeps the active parameters outside the router equal"
+k3_parts = parameter_breakdown(k3)
+print(f"active without the router: {without_router.pop():,} for all five; the router adds {rows[0][5]:,} -> "
+      f"{rows[-1][5]:,}, so active goes {rows[0][2] / 1e6:.2f}M -> {rows[-1][2] / 1e6:.2f}M "
+      f"(+{rows[-1][2] / rows[0][2] - 1:.0%}). In K3 the router is {k3_parts['router'] / 1e9:.2f}B of "
+      f"{facts['k3_active'] / 1e9:.1f}B active ({k3_parts['router'] / facts['k3_active']:.1%}): there the extra choice is nearly free.")
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
 labels = [r[0][5:] for r in rows]
@@ -350,7 +369,7 @@ plt.tight_layout(); plt.show()
 #
 # Write the function, then run the cell: the check tests it on random inputs against the project's own
 # implementation and tells you what is off. Stuck? `hint("1.1")` names the idea, `hint("1.1", 2)` the
-# formula. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
+# shape of the computation, `hint("1.1", 3)` the code. (Instructors: `TINY_K3_SOLUTIONS=1` runs the reference
 # solutions from `lessons/solutions/`.)
 #
 # ### Exercise 1.1 — route a batch of tokens (★☆☆, about 10 min)

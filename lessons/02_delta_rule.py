@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from checks import check_kda_gate, check_kda_step, check_read_weights, hint  # noqa: F401  (hint: for you)
+from figures import percent_ci
 from workshop import (exercise, expected_answer, heatmap, integer_ticks, load_model, plt, step_slider, trace,
                       try_exercise, weights_note)
 from tiny_k3 import DEFAULT_PROMPT, K3Config
@@ -154,8 +155,9 @@ plt.tight_layout(); plt.show()
 #
 # The delta rule never forgets what it is not told to overwrite. Gated DeltaNet multiplies S by one
 # α_t ∈ (0, 1] per head before writing; KDA multiplies **row d** of S (key channel d) by its own
-# α_{t,d} = exp(g_{t,d}). A channel with α ≈ 1 keeps information for hundreds of tokens, a channel
-# with α ≈ 0.5 for about one. The half-life of channel d is ln 2 / (−g_d) tokens.
+# α_{t,d} = exp(g_{t,d}). The half-life of channel d is ln 2 / (−g_d) tokens: a channel with α ≈ 0.5 keeps
+# information for about one token, one with α close to 1 for far longer than any prompt here. The cell
+# prints the range this model uses, and how many channels sit at each end.
 
 # %%
 model, trained = load_model("small")
@@ -170,8 +172,14 @@ print(f"preset 'small', layer {layer} (KDA): {weights_note(trained)}")
 print(f"prompt {prompt!r}: a recall line; the query after '|' asks for {expected_answer(prompt)!r}")
 print(f"gate: K3's lower-bound form g = -5·σ(...) ∈ (-5, 0) (k3_facts.md §1c); "
       f"here g ∈ [{g_tok.min():.3f}, {g_tok.max():.3f}]")
-print(f"half-lives over all channels and tokens: {half_life.min():.1f} to {half_life.max():.0f} tokens "
-      f"(median {half_life.median():.1f})")
+short, long = float((half_life < 2).float().mean()), float((half_life > len(ids)).float().mean())
+print(f"half-lives over all {half_life.numel():,} (token, head, channel) gates: {half_life.min():.1f} to "
+      f"{half_life.max():,.0f} tokens (median {half_life.median():.1f}); {short:.0%} under 2 tokens, {long:.0%} "
+      f"longer than this whole {len(ids)}-token prompt")
+assert half_life.min() < 2 < len(ids) < half_life.max(), \
+    "the take-away says some channels turn over within a token or two while others outlast the prompt"
+facts.update(half_life_min=float(half_life.min()), half_life_max=float(half_life.max()),
+             half_life_short_share=short, half_life_long_share=long)
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4))
 heatmap(a1, g_tok[:, 0].exp().T.numpy(), label="α = exp(g): kept per token", vmin=0, vmax=1,
@@ -376,7 +384,9 @@ fig, (a1, a2) = plt.subplots(1, 2, figsize=(16, 4.2), gridspec_kw={"width_ratios
 colors = ["crimson" if d in defined else "tab:blue" for d in range(query_at + 1)]
 a1.bar(range(query_at + 1), cosine, color=colors)
 a1.axvline(query_at, color="k", ls="--", lw=1, label="the query (its own write)")
-a1.set_xticks(range(query_at + 1), [token_text(t) for t in ids[: query_at + 1]], fontsize=9)
+a1.set_xticks(range(query_at + 1), [token_text(t) for t in ids[: query_at + 1]], fontsize=13)
+for tick, t in zip(a1.get_xticklabels(), ids):
+    tick.set_rotation(90 if len(token_text(t)) > 1 else 0)        # '<bos>' upright would cover its neighbour
 a1.set_ylim(-1, 1), a1.axhline(0, color="grey", lw=0.5)
 a1.set_xlabel("token d whose write u_d is compared (red: the definition)"), a1.set_ylabel("cos(r_query, u_d)")
 a1.set_title(f"layer {best.layer}, head {best.head}: what the read at the query matches"), a1.legend(loc="lower left")
@@ -409,8 +419,9 @@ heads_seen = [r[1] for r in rows]
 common = max(set(heads_seen), key=heads_seen.count)
 facts.update(lines_right=sum(r[0] for r in rows), lines=len(rows), common_head=list(common),
              common_head_count=heads_seen.count(common), mean_best_cosine=float(np.mean([r[2] for r in rows])))
-print(f"\n{facts['lines_right']} of {len(rows)} answers right; head L{common[0]} h{common[1]} is the best match in "
-      f"{facts['common_head_count']} of {len(rows)} lines; mean best cosine {facts['mean_best_cosine']:.2f}")
+print(f"\nanswers right: {percent_ci(facts['lines_right'], len(rows))}; head L{common[0]} h{common[1]} is the best "
+      f"match in {percent_ci(facts['common_head_count'], len(rows))} of the lines; mean best cosine "
+      f"{facts['mean_best_cosine']:.2f} (eight lines: the intervals are wide, read them before the rates)")
 
 # %% [markdown]
 # Read the cosines with the printed verdicts. A read that matches a write made at the definition, across the
@@ -426,7 +437,7 @@ print(f"\n{facts['lines_right']} of {len(rows)} answers right; head L{common[0]}
 # ### Exercise 2.1 — one KDA step (★★★, about 15 min)
 # One token, one head: decay each key row by its own exp(g_d), write the delta-rule correction, read
 # the output from the updated state. (This is the inner loop of `kda_recurrent`, without the batch
-# and head dimensions.) Stuck? `hint("2.1")` names the idea, `hint("2.1", 2)` gives the formula.
+# and head dimensions.) Stuck? `hint("2.1")` names the idea, `hint("2.1", 2)` the shape of the computation, `hint("2.1", 3)` the code.
 
 # %% tags=["exercise"]
 @exercise("kda_step")
@@ -458,7 +469,7 @@ try_exercise(check_kda_gate, my_kda_gate)
 # Section 6 compared the read at the query with every past write u_d. Here is why that comparison makes sense:
 # unroll S_t = Diag(exp g_t) S_{t−1} + k_t u_tᵀ from S = 0, and the read S_tᵀ q is a weighted sum of the
 # writes, Σ_d a_d u_d — KDA's read is attention over its own past writes. Find the weights a_d for one head.
-# (`hint("2.3")`, `hint("2.3", 2)`.)
+# (`hint("2.3")`, then `hint("2.3", 2)` and `hint("2.3", 3)`.)
 
 # %% tags=["exercise"]
 @exercise("read_weights")
@@ -472,8 +483,8 @@ try_exercise(check_read_weights, my_read_weights)
 
 # %% [markdown]
 # **Take-away.** KDA's memory is a K × V matrix per head that never grows. The delta rule keeps it
-# accurate by writing only what it gets wrong; per-channel decay lets some channels hold on for
-# hundreds of tokens while others turn over every few. The recurrent loop (decode) and the chunked
+# accurate by writing only what it gets wrong; per-channel decay lets some channels outlast the whole prompt
+# while others turn over within a token or two (section 3 printed the range and the share at each end). The recurrent loop (decode) and the chunked
 # matmuls (prefill) are the same function. And whether a trained head really returns at the query what it wrote
 # at the definition is not a belief but a measurement: the cosine of its read with each past write.
 

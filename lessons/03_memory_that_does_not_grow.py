@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from checks import check_kda_state_bytes, check_mla_cache_bytes, hint  # noqa: F401  (hint: for you)
-from workshop import bar_labels, exercise, integer_ticks, plt, step_slider, try_exercise
+from figures import log_points, percent_ci
+from workshop import exercise, integer_ticks, plt, step_slider, try_exercise
 from sim import Simulation
 from sim.costs import KIMI_LINEAR
 from sim.memory import (MIB_CONTEXT, cache_bytes, format_bytes, hybrid_reduction, kv_bytes_per_token,
@@ -123,18 +124,13 @@ def show_step(i):
     f = sim.frames[i]
     k3now = project_to_k3(f.position + 1)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 3.4))
-    bars = a1.barh(["twin KV", "hybrid state", "hybrid KV"],
-                   [f.memory.twin_kv_bytes, f.memory.state_bytes, f.memory.kv_bytes],
-                   color=["tab:red", "tab:orange", "tab:blue"])
-    bar_labels(a1, bars, format_bytes, horizontal=True)
+    colors = ["tab:blue", "tab:orange", "tab:red"]        # points, not bars: a log axis has no zero to start from
+    log_points(a1, ["hybrid KV", "hybrid state", "twin KV"],
+               [f.memory.kv_bytes, f.memory.state_bytes, f.memory.twin_kv_bytes], colors, format_bytes)
     a1.set_title(f"{cfg.name}: after token {f.position} {f.input_text!r}"), a1.set_xlabel("bytes (log)")
-    a1.set_xscale("log")
-    bars = a2.barh(["all-MLA twin", "KDA state", "MLA KV"], [k3now.twin, k3now.state, k3now.kv],
-                   color=["tab:red", "tab:orange", "tab:blue"])
-    bar_labels(a2, bars, format_bytes, horizontal=True)
+    log_points(a2, ["MLA KV", "KDA state", "all-MLA twin"], [k3now.kv, k3now.state, k3now.twin], colors, format_bytes)
     a2.set_title(f"K3 at {f.position + 1} tokens: hybrid {format_bytes(k3now.hybrid)} vs twin "
                  f"{format_bytes(k3now.twin)}"), a2.set_xlabel("bytes (log: they differ by orders of magnitude)")
-    a2.set_xscale("log")
     plt.tight_layout(); plt.show()
 
 
@@ -358,8 +354,9 @@ facts.update(cliff_holds=holds, cliff_attention_exact=attention_exact,
 print("• with orthogonal keys the state reads back exactly up to N = " + ", ".join(
     f"{n} (K = {K})" for K, n in holds.items()) + "; at N = 2K the mean cosine is " + ", ".join(
     f"{p.cosine:.2f}" for p in past.values()) + ": a K x V state has room for K directions, no more")
+reads_at = lambda n: -(-256 // n) * n      # noqa: E731  retrieval_cliff repeats a cell until >= 256 reads (min_reads)
 print("• random keys interfere sooner: at N = K exact recall is " + ", ".join(
-    f"{p.exact:.0%} (K = {K})" for K, p in random_at_K.items()))
+    f"{percent_ci(round(p.exact * reads_at(K)), reads_at(K))} (K = {K})" for K, p in random_at_K.items()))
 print(f"• attention reads back {'exactly at every N' if attention_exact else 'with errors at some N'}: it keeps "
       f"every key, and its cache grows by K + V numbers a pair (the 'cache' column), while the state stays K x K")
 print("• with the decay gate on (alpha 0.95 per write) a pair keeps " + ", ".join(
@@ -377,7 +374,7 @@ for ax, kind in zip(axes, KEY_KINDS):
     ax.axvline(1.0, color="grey", lw=1, ls="--"), ax.axhline(10, color="grey", lw=1, ls=":")
     ax.set_xlabel("pairs written / K"), ax.set_ylabel("reads exact (%)"), ax.set_ylim(0, 105)
     ax.set_title(f"{kind} keys: one K x K state (solid) vs attention (dotted)")
-axes[0].legend(fontsize=9, ncol=2, loc="lower left")
+axes[0].legend(ncol=2, loc="lower left")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -443,11 +440,13 @@ for name, what in MODELS.items():
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.4))
 for (name, what), style in zip(MODELS.items(), ("k-o", "--s", ":^")):
-    a1.plot(PAIRS, [100 * a for a in recall[name]], style, lw=2, ms=7, label=f"{name} ({what})")
-    a1.fill_between(PAIRS, [100 * lo for lo, _ in interval[name]], [100 * hi for _, hi in interval[name]], alpha=0.15)
+    line, = a1.plot(PAIRS, [100 * a for a in recall[name]], style, lw=2, ms=7, label=f"{name} ({what})")
+    a1.fill_between(PAIRS, [100 * lo for lo, _ in interval[name]], [100 * hi for _, hi in interval[name]],
+                    color=line.get_color(), alpha=0.15, lw=0)     # the band in its line's colour: Wilson 95 %
     a2.plot(PAIRS, [b / 1000 for b in held[name]], style, lw=2, ms=7, label=f"{name} ({what})")
 a1.axhline(100 * CHANCE, color="grey", lw=1, ls=":", label="chance (10 %)")
-a1.set_ylim(0, 105), a1.set_ylabel("values recalled exactly (%)"), a1.set_title("in-context recall")
+a1.set_ylim(0, 105), a1.set_ylabel("values recalled exactly (%)")
+a1.set_title("in-context recall (bands: Wilson 95 %)")
 a2.set_ylim(0, None), a2.set_ylabel("decode cache at the first query (KB)")
 a2.set_title("what each model holds to do it")
 for ax in (a1, a2):
@@ -459,20 +458,27 @@ plt.tight_layout(); plt.show()
 # What the two panels say, read off the numbers above (the sentences are computed from them):
 
 # %%
+def recall_ci(name, i):
+    """Model `name`'s exact recall at PAIRS[i], with its Wilson 95 % interval and the answers scored."""
+    n = facts["recall_answers"][i]
+    return percent_ci(round(recall[name][i] * n), n)
+
+
 def reading(name):
     """(kind, sentence) for a model's recall curve: "at chance" (never above 2.5x chance), "keeps" (>= 80 % at
     the most pairs), "falls" (at least 20 points lower at the most pairs than at one) or "level"."""
     r = recall[name]
+    best, worst = int(np.argmax(r)), int(np.argmin(r))
     if max(r) < 2.5 * CHANCE:
         return "at chance", (f"{name} recalls nothing: at every pair count it is within noise of chance "
-                             f"({max(r):.0%} at best)")
+                             f"({recall_ci(name, best)} at best)")
     if r[-1] >= 0.8:
-        return "keeps", (f"{name} keeps recalling as the pairs pile up ({r[0]:.0%} at {PAIRS[0]}, "
-                         f"{r[-1]:.0%} at {PAIRS[-1]})")
+        return "keeps", (f"{name} keeps recalling as the pairs pile up ({recall_ci(name, 0)} at {PAIRS[0]}, "
+                         f"{recall_ci(name, -1)} at {PAIRS[-1]})")
     if r[0] - r[-1] >= 0.2:
-        return "falls", (f"{name} recalls {r[0]:.0%} of a single pair, then falls as the pairs pile up "
-                         f"(to {r[-1]:.0%} at {PAIRS[-1]})")
-    return "level", f"{name} stays level, between {min(r):.0%} and {max(r):.0%} at every pair count"
+        return "falls", (f"{name} recalls {recall_ci(name, 0)} of a single pair, then falls as the pairs pile up "
+                         f"(to {recall_ci(name, -1)} at {PAIRS[-1]})")
+    return "level", f"{name} stays level, between {recall_ci(name, worst)} and {recall_ci(name, best)} at every pair count"
 
 
 story = {name: reading(name) for name in MODELS}
@@ -482,7 +488,7 @@ for _, line in story.values():
 leaders = [n for n in MODELS if recall[n][-1] == max(recall[m][-1] for m in MODELS)]
 facts["best_at_most_pairs"] = leaders
 print(f"• at {PAIRS[-1]} pairs {' and '.join(leaders)} recall{'s' if len(leaders) == 1 else ''} the most "
-      f"({recall[leaders[0]][-1]:.0%})" + "".join(f"; {n} {recall[n][-1]:.0%}" for n in MODELS if n not in leaders))
+      f"({recall_ci(leaders[0], -1)})" + "".join(f"; {n} {recall_ci(n, -1)}" for n in MODELS if n not in leaders))
 grows = {n: held[n][-1] - held[n][0] for n in MODELS}
 facts["bytes_growth"] = grows
 if "small" in MODELS and "small-kda" in MODELS:
@@ -511,14 +517,16 @@ gap = recall["small-twin"][-1] - recall["small-kda"][-1] if kda_kind and twin_ki
 if kda_kind == "falls" and twin_kind != "at chance" and gap is not None and gap >= 0.2:
     h, t, k = recall["small"][-1], recall["small-twin"][-1], recall["small-kda"][-1]
     where = "at or above the twin" if h >= t else "at or below the all-KDA model" if h <= k else "between the two"
-    verdict = (f"the fixed state falls off as the pairs pile up while the growing cache holds more of them ({t:.0%} "
-               f"against {k:.0%} at {PAIRS[-1]} pairs; the hybrid {h:.0%}, {where}): exact recall of many pairs is "
+    verdict = (f"the fixed state falls off as the pairs pile up while the growing cache holds more of them "
+               f"({recall_ci('small-twin', -1)} against {recall_ci('small-kda', -1)} at {PAIRS[-1]} pairs; the hybrid "
+               f"{recall_ci('small', -1)}, {where}): exact recall of many pairs is "
                "what the MLA layers buy with their bytes — the honest trade-off behind K3 keeping 24 MLA layers")
 elif gap is not None and gap <= -0.2:
     h, t, k = recall["small"][-1], recall["small-twin"][-1], recall["small-kda"][-1]
     where = "above both" if h > max(t, k) else "below both" if h < min(t, k) else "between the two"
     verdict = (f"the opposite of the textbook story: the fixed state holds more pairs than the all-MLA twin's "
-               f"growing cache ({k:.0%} against {t:.0%} at {PAIRS[-1]} pairs; the hybrid {h:.0%}, {where}). The twin's "
+               f"growing cache ({recall_ci('small-kda', -1)} against {recall_ci('small-twin', -1)} at {PAIRS[-1]} pairs; the hybrid "
+               f"{recall_ci('small', -1)}, {where}). The twin's "
                "cache holds every token of the definitions, so what it lacks is not memory but a learned look-up: "
                "at this size and training budget its attention learned to recall many pairs less well than the "
                "KDA states learned to store them. The case for K3's 24 MLA layers, exact recall at scale and at "
@@ -531,7 +539,7 @@ else:
     says = {"at chance": "is at chance", "keeps": "keeps recalling", "falls": "falls off", "level": "stays level",
             None: "is not shipped"}
     verdict = (f"the all-KDA model {says[kda_kind]} and the twin {says[twin_kind]}"
-               + (f" ({recall['small-twin'][-1]:.0%} against {recall['small-kda'][-1]:.0%} at {PAIRS[-1]} pairs)"
+               + (f" ({recall_ci('small-twin', -1)} against {recall_ci('small-kda', -1)} at {PAIRS[-1]} pairs)"
                   if gap is not None else "")
                + ": these checkpoints do not show a growing cache buying recall that a fixed state cannot hold, so "
                "read the curves, not the slogan")
@@ -557,7 +565,7 @@ try_exercise(check_mla_cache_bytes, my_mla_cache_bytes)
 # %% [markdown]
 # ### Exercise 3.2 — the fixed KDA state (★★☆, about 10 min)
 # What every KDA layer keeps, however long the context: the state S, and the short convolution's tail
-# (lesson 2, section 4). (`hint("3.2")`, `hint("3.2", 2)` if you are stuck.)
+# (lesson 2, section 4). (`hint("3.2")`, then `hint("3.2", 2)` and `hint("3.2", 3)` if you are stuck.)
 
 # %% tags=["exercise"]
 @exercise("kda_state_bytes")

@@ -28,7 +28,7 @@
 # | gated MLA attention | what it attends to over the cached tokens; a cache that grows by one latent per token | 3 |
 # | latent MoE | 16 of 896 experts, their weights | 1 |
 # | embedding | the token's vector, the first depth source | — |
-| head | the five most likely next tokens | — |
+# | head | the five most likely next tokens | — |
 #
 # Open the TUI beside this notebook with the same preset, prompt and seed (`python tui.py --preset small
 # --seed 0`; the TUI's default prompt is this lesson's) and you will see the same frames.
@@ -119,7 +119,12 @@ a1.bar(range(len(stops)), [s.out_norm for s in stops], color=[colors[s.kind] for
 a1.set_xticks(range(len(stops)), [s.label for s in stops], rotation=70, ha="right")
 a1.set_yscale("log"), a1.set_ylabel("RMS written to the stream (log)")
 a1.set_title(f"frame {i}: {frame.input_text!r} through every sublayer")
-heatmap(a2, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="magma", xlabel="source")
+from matplotlib.patches import Patch  # noqa: E402
+
+kinds_here = list(dict.fromkeys(s.kind for s in stops))                 # the kinds on this token, in order
+a1.legend(handles=[Patch(color=colors[k], label=k if k in ("embed", "head") else k.upper()) for k in kinds_here],
+          loc="upper center", bbox_to_anchor=(0.5, -0.42), ncol=len(kinds_here), title="sublayer kind")
+heatmap(a2, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="viridis", xlabel="source")
 a2.set_yticks(range(len(reads)), [s.label for s in reads])
 a2.set_xticks(range(len(columns)), columns)
 a2.set_title("depth weights (AttnRes)")
@@ -188,7 +193,11 @@ def show_step(j, frame_index=i):
         heatmap(axes[0], probs, label="attention weight (row sums to 1)", vmin=0, vmax=float(probs.max()),
                 cmap="Reds", xlabel="cached token", ylabel="head")
         axes[0].set_xticks(range(len(labels)), labels), integer_ticks(axes[0], "y")
-        axes[0].set_title(f"{title} — what {frame.input_text!r} attends to (uniform = {1 / probs.shape[1]:.3f})")
+        for tick in axes[0].get_xticklabels():
+            tick.set_rotation(90 if len(tick.get_text()) > 1 else 0)     # '<bos>' upright covers its neighbour
+        uniform, peak = 1 / probs.shape[1], np.unravel_index(np.argmax(probs), probs.shape)
+        axes[0].set_title(f"{title} — what {frame.input_text!r} attends to: peak {probs.max() / uniform:.1f}× "
+                          f"uniform ({uniform:.3f}), on {labels[peak[1]]!r}")
         mem = sim.frames[frame_index].memory
         mla = list(cfg.mla_layers)
         axes[1].bar([f"L{m}" for m in mla], [mem.layer_bytes[m] for m in mla], color="tab:red")
@@ -359,12 +368,34 @@ print(f"Against K2, K3 keeps a growing cache in {len(k3_config.mla_layers)} of {
       f"{k3_config.latent_dim}-wide latent instead of the {k3_config.hidden_size}-wide stream, so each token can go "
       f"to {k3_config.top_k} of {k3_config.num_experts} experts where K2 sent it to {k2_config.top_k} of "
       f"{k2_config.num_experts}.")
+import dataclasses  # noqa: E402
+
 kimi_linear = K3Config.preset("kimi-linear-48b")
 changed = [row.part for row in kimi_linear_rows.values() if row.changed and row.unit != "bytes"
            and row.part not in ("total parameters", "active per token")]
+# Every part above changed size (K3 is ~57x Kimi Linear); what changed in KIND is a short list of config switches.
+# Each switch that differs must be named here, so the sentence cannot fall behind the presets.
+DESIGN_SWITCHES = {
+    "moe_kind": "the MoE became latent (experts read a narrower latent, not the stream)",
+    "kda_gate_lower_bound": "KDA's decay gate became bounded, g in (-5, 0)",
+    "kda_output_gate_rank": "KDA's output gate became full rank",
+    "q_lora_rank": "MLA's queries went through a low-rank latent",
+    "mla_output_gate": "MLA gained an output gate",
+    "mlp_act": "SwiGLU became SiTU-GLU",
+    "residual": "the standard residual became Block AttnRes",
+}
+switched = [field for field in DESIGN_SWITCHES if getattr(kimi_linear, field) != getattr(k3_config, field)]
+numeric = (int, float)
+unnamed = [f.name for f in dataclasses.fields(K3Config) if f.name not in DESIGN_SWITCHES
+           and f.name != "name" and not isinstance(getattr(k3_config, f.name), (numeric, tuple))
+           and getattr(kimi_linear, f.name) != getattr(k3_config, f.name)
+           and not (f.name == "mla_norm_eps" and kimi_linear.mla_latent_eps == k3_config.mla_latent_eps)]
+assert not unnamed, f"K3 differs from Kimi Linear in switches this sentence does not name: {unnamed}"
+facts.update(design_switches=switched, parts_changed=changed)
 print(f"Against Kimi Linear the hybrid recipe is the same, {len(kimi_linear.kda_layers)}:{len(kimi_linear.mla_layers)} "
-      f"KDA:MLA there and {len(k3_config.kda_layers)}:{len(k3_config.mla_layers)} here; what K3 changed is "
-      f"{', '.join(changed)}.")
+      f"KDA:MLA there and {len(k3_config.kda_layers)}:{len(k3_config.mla_layers)} here. All {len(changed)} parts "
+      f"above changed, most only in size (more layers, heads, experts, width); the changes in kind are {len(switched)} switches: "
+      + "; ".join(DESIGN_SWITCHES[f] for f in switched) + ".")
 
 # %% [markdown]
 # ## The real thing

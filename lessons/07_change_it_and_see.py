@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from checks import check_ablated_route, check_kl, check_reset_head, hint  # noqa: F401  (hint: for you)
-from figures import depth_grid
+from figures import depth_grid, percent_ci
 from workshop import exercise, heatmap, integer_ticks, plt, step_slider, try_exercise
 from sim import Simulation
 from sim.interventions import (AblateExpert, NoSelectionBias, ResetState, TruncateContext, UniformDepth,
@@ -118,8 +118,8 @@ if facts["kda_only_present"]:
     print(f"{KDA_ONLY}: original -> {lin_base.text_after!r} (p = {facts['kda_only_p']['original']:.3f}); after the "
           f"reset -> {lin_reset.text_after!r} (p = {facts['kda_only_p']['reset KDA']:.3f}, KL {lin_reset.kl[0]:.4f})")
 else:
-    print(f"no {KDA_ONLY!r} checkpoint ships yet (have: {', '.join(available_pretrained())}); "
-          f"this cell runs the same reset on it once it does.")
+    print(f"the {KDA_ONLY!r} checkpoint is missing from this copy (have: {', '.join(available_pretrained())}); "
+          f"it ships with tiny_k3, so restore the copy's tiny_k3/ folder and re-run this cell.")
 
 fig, ax = plt.subplots(figsize=(8, 3.2))
 models = {"small (hybrid)": facts["recall_p"]}
@@ -181,12 +181,15 @@ drop = {n: share["intact"][n] - share["MLA blind"][n] for n in MANY}
 facts["mla_blind_drop"] = drop
 carried = drop[26] >= 0.2 and drop[2] <= 0.05
 facts["mla_carries_many_pairs"] = carried
-print("• " + (f"at many pairs the MLA layers carry recall: blinding them costs {drop[26]:.0%} at 26 pairs but only "
-              f"{drop[2]:.0%} at 2, where the KDA states hold it"
+ci = lambda cut, n: percent_ci(*many[cut][n])  # noqa: E731   (hits, answers): rate, Wilson 95 %, n
+print("• " + (f"at many pairs the MLA layers carry recall: blinding them costs {drop[26]:.0%} at 26 pairs "
+              f"({ci('intact', 26)} -> {ci('MLA blind', 26)}) but only {drop[2]:.0%} at 2 "
+              f"({ci('intact', 2)} -> {ci('MLA blind', 2)}), where the KDA states hold it"
               if carried else
               f"in this checkpoint the MLA layers carry little recall even at many pairs: blinding them changes "
-              f"exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[26])} at 26, while a "
-              f"KDA reset sends it to {share['KDA reset'][26]:.0%} at 26. Its KDA layers learned the look-up first "
+              f"exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[26])} at 26 (intact "
+              f"{ci('intact', 26)}, blind {ci('MLA blind', 26)}), while a KDA reset sends it to "
+              f"{ci('KDA reset', 26)} at 26. Its KDA layers learned the look-up first "
               "and its attention never had to: what K3 keeps MLA for is not what this toy's training rewarded"))
 
 # %% [markdown]
@@ -237,21 +240,27 @@ took = [e for a, b in zip(ids0[LAYER][hit], ids_ablate[LAYER][hit]) for e in set
 heir, heir_n = (int(np.bincount(took).argmax()), int(np.bincount(took).max())) if took else (None, 0)
 facts.update(ablated=top, ablated_tokens=int(hit.sum()), loss=loss0, loss_ablate=loss_ablate, heir=heir,
              heir_tokens=heir_n, ablated_never_chosen=not bool((ids_ablate[LAYER] == top).any()))
-print(f"layer {LAYER}: expert {top} took {int(hit.sum())} of {text_ids.shape[1]} tokens "
-      f"({int(hit.sum()) / text_ids.shape[1]:.0%}; the mean expert takes {cfg.top_k / cfg.num_experts:.1%})")
+print(f"layer {LAYER}: expert {top} took {percent_ci(int(hit.sum()), text_ids.shape[1])} of the tokens "
+      f"(the mean expert takes k / N = {cfg.top_k / cfg.num_experts:.1%})")
 print(f"loss {loss0:.4f} -> {loss_ablate:.4f} nats/token (Δ {loss_ablate - loss0:+.5f}); chosen after the "
       f"ablation: never ({facts['ablated_never_chosen']})")
 print(f"its tokens went to {len(set(took))} different experts; the most common heir, expert {heir}, took {heir_n}")
 
 after = torch.bincount(ids_ablate[LAYER].flatten(), minlength=cfg.num_experts)
-show = torch.argsort(load0[LAYER], descending=True)[:24]
-fig, ax = plt.subplots(figsize=(9, 3))
+heirs = sorted(set(took))                                               # every expert that took one of its slots
+busiest = torch.argsort(load0[LAYER], descending=True)[:12].tolist()
+show = sorted(set(busiest) | set(heirs), key=lambda e: -int(load0[LAYER][e]))   # the busiest 12 and every heir
+fig, ax = plt.subplots(figsize=(12, 3.6))
 x = np.arange(len(show))
-ax.bar(x - 0.2, load0[LAYER][show], 0.4, label="original", color="tab:grey")
-ax.bar(x + 0.2, after[show], 0.4, label=f"expert {top} ablated", color="tab:red")
+ax.bar(x - 0.2, load0[LAYER][show].numpy(), 0.4, label="original", color="tab:grey")
+ax.bar(x + 0.2, after[show].numpy(), 0.4, label=f"expert {top} ablated", color="tab:red")
 ax.set_xticks(x, [str(int(e)) for e in show], rotation=90)
-ax.set_xlabel(f"expert id (layer {LAYER}, the 24 busiest)"), ax.set_ylabel("tokens routed"), ax.legend()
-integer_ticks(ax, "y")
+for tick, e in zip(ax.get_xticklabels(), show):
+    if e in heirs:
+        tick.set_color("tab:red"), tick.set_fontweight("bold")
+ax.set_xlabel(f"expert id (layer {LAYER}): the 12 busiest and, in red, the {len(heirs)} that took over its slots")
+ax.set_ylabel("tokens routed"), integer_ticks(ax, "y")
+ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))                  # beside the plot: it covers no bar
 ax.set_title(f"who takes over when expert {top} is gone")
 plt.tight_layout(); plt.show()
 
@@ -280,13 +289,25 @@ for layer, b, a, i0, i1 in zip(layers, facts["balance_before"], facts["balance_a
                                facts["idle_after"]):
     print(f"L{layer}: max/mean load {b:5.2f} -> {a:5.2f}   idle experts {i0:3d} -> {i1:3d} of {cfg.num_experts}")
 print(f"loss {loss0:.4f} -> {loss_nobias:.4f} nats/token without the bias")
+k = cfg.top_k
+kept = np.mean([len(set(a.tolist()) & set(b.tolist())) / k for layer in layers
+                for a, b in zip(ids0[layer], ids_nobias[layer])])          # experts a token keeps, on average
+new_picks = [e for layer in layers for a, b in zip(ids0[layer], ids_nobias[layer]) for e in set(b.tolist()) - set(a.tolist())]
+new_layers = [layer for layer in layers for a, b in zip(ids0[layer], ids_nobias[layer]) for _ in set(b.tolist()) - set(a.tolist())]
+rare = np.mean([int(load0[layer][e]) <= 1 for layer, e in zip(new_layers, new_picks)]) if new_picks else 0.0
+facts.update(nobias_kept_share=float(kept), nobias_new_to_rare=float(rare))
+assert loss_nobias > loss0, "switching off the bias changes which experts run, so the output (and loss) changes"
+print(f"without the bias a token keeps {kept:.0%} of its {k} experts on average (over {sum(map(len, ids0.values())):,} "
+      f"token-layers); of the experts it gets instead, {percent_ci(round(rare * len(new_picks)), len(new_picks))} "
+      "took at most one token of this text with the bias on")
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
 x = np.arange(len(layers))
 a1.bar(x - 0.2, facts["balance_before"], 0.4, label="with bias (as trained)")
 a1.bar(x + 0.2, facts["balance_after"], 0.4, label="no bias")
 a1.set_xticks(x, [f"L{layer}" for layer in layers]), a1.set_xlabel("MoE layer"), a1.set_ylabel("max load / mean load")
-a1.legend(), a1.set_title("load balance")
+a1.set_ylim(0, 1.3 * max(facts["balance_after"])), a1.legend(loc="upper left", ncol=2)   # above the bars
+a1.set_title("load balance")
 for load, label in ((load0[LAYER], "with bias"), (load1[LAYER], "no bias")):
     a2.plot(np.sort(load.numpy())[::-1], label=label)
 a2.set_yscale("symlog"), a2.set_xlabel(f"experts of L{LAYER}, busiest first"), a2.set_ylabel("tokens routed")
@@ -298,11 +319,18 @@ plt.tight_layout(); plt.show()
 # the bias is what spreads the work (and in an expert-parallel deployment, what keeps one GPU from
 # doing the work of four).
 #
-# ## 4. Uniform depth weights: what AttnRes had learned
+# And the loss changes by a lot (the line above), although lesson 1 showed the bias never enters the weights
+# w = s[ids] / Σ s[ids]. It does not need to: it decides *who* runs, and a different who is a different
+# function. The model was trained with the bias on, so each expert learned from the tokens the biased router sent
+# it; switch the bias off and a token keeps only part of its experts (the share printed above), and many of the
+# experts it gets instead hardly ever saw such a token. "No effect on the output" holds for the weights of a
+# given choice, not for the choice.
+#
+# ## 4. Uniform depth weights: take the trained ones out
 #
 # `UniformDepth()` sets every Attention Residuals query to zero: each sublayer reads the plain mean of
-# its sources, the standard-residual picture AttnRes starts from (lesson 4). The gap in loss is what
-# training put into the depth weights. Left, the learned weights at the recall query.
+# its sources, the standard-residual picture AttnRes starts from (lesson 4). Left, the learned weights at
+# the recall query; right, the loss with and without them.
 
 # %%
 loss_uniform, _ = run(sim.model, [UniformDepth()])
@@ -314,14 +342,21 @@ print(f"loss {loss0:.4f} -> {loss_uniform:.4f} nats/token with uniform depth wei
       f"{flat.kl[0]:.3f} and the top token {flat.top_before[0][0][1]!r} -> {flat.top_after[0][0][1]!r}")
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [1.3, 1]})
-heatmap(a1, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="magma",
+heatmap(a1, grid, label="depth weight α (rows sum to 1)", vmin=0, vmax=1, cmap="viridis",
         xlabel="source (embedding, block sums, partial)", ylabel="depth read")
 a1.set_yticks(range(len(reads)), [f"L{d.layer} {d.site}" for d in reads])
 a1.set_xticks(range(len(columns)), columns)
 a1.set_title("learned depth weights at the query (uniform would be 1/N)")
 a2.bar(["as trained", "uniform (w = 0)"], [loss0, loss_uniform], color=["tab:blue", "tab:orange"])
-a2.set_ylabel("held-out loss (nats/token)"), a2.set_title("what the depth weights are worth")
+a2.set_ylabel("held-out loss (nats/token)"), a2.set_title("the trained depth weights taken out")
 plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Read the gap with care. It is **not** what AttnRes is worth: every other weight was trained together with
+# these depth weights and expects their mix, so taking them out breaks what the rest co-adapted to, as taking out
+# any trained part would. What AttnRes is worth is a comparison of two models, each
+# *trained* with and without it at the same compute: that is the paper's scaling-law result (lesson 4, section 5),
+# which no intervention on one trained model can measure.
 
 # %% [markdown]
 # ## 5. Truncate the context: when does the twin start to forget?
@@ -404,6 +439,8 @@ try_exercise(check_reset_head, my_reset_head)
 
 # %% [markdown]
 # **Take-away.** Break one mechanism at a time and the model tells you what it was for: the selection
-# bias spreads the load, the depth weights carry much of what training learned, a single expert of 896
-# hardly matters, and this hybrid keeps its memory in its KDA states far more than in its MLA caches.
+# bias spreads the load and, since it decides who runs, moves the loss too; the rest of the network was
+# trained around its depth weights and breaks without them (co-adaptation: AttnRes's own worth takes two
+# trainings to measure); a single expert of 896 hardly matters; and where this hybrid keeps its memory is
+# printed in section 1 (its KDA states or its MLA caches), measured, not assumed.
 # In the TUI, press `x` on a panel to ask the same questions of the frame you are looking at.

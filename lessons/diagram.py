@@ -59,22 +59,22 @@ def _moe(ax, config) -> None:
     d, l, E, k = config.hidden_size, config.latent_dim, config.num_experts, config.top_k
     ax.set_xlim(0, 12), ax.set_ylim(-0.6, 6.6), ax.axis("off")
     _box(ax, 0.0, 2.6, 1.0, 0.8, f"x\n[{d}]", COLORS["embed"])
-    _box(ax, 1.4, 4.5, 3.2, 0.9, f"router σ(W_r x) + b\ntop-{k} of {E}", "#555555", fontsize=9)
-    _box(ax, 1.4, 2.6, 1.8, 0.8, f"W_down\n{d}→{l}", COLORS["moe"], fontsize=9)
+    _box(ax, 1.4, 4.5, 3.2, 0.9, f"router σ(W_r x) + b\ntop-{k} of {E}", "#555555", fontsize=10)
+    _box(ax, 1.4, 2.6, 1.8, 0.8, f"W_down\n{d}→{l}", COLORS["moe"], fontsize=10)
     for j in range(6):           # a few of the experts; the lit ones stand for the k chosen
         lit = j in (1, 4)
         _box(ax, 3.8, 0.9 + 0.55 * j, 1.6, 0.42, f"E{j}" + (" ✓" if lit else ""),
-             COLORS["moe"] if lit else "#c8d6e8", fontsize=9, text_color="white" if lit else "#444444")
-    ax.text(4.6, 0.45, f"{k} of {E} run, in width {l}", ha="center", fontsize=9)
-    _box(ax, 6.0, 2.6, 1.8, 0.8, "Σ_j w_j E_j(z)", COLORS["moe"], fontsize=9)
-    _box(ax, 8.2, 2.6, 1.8, 0.8, f"RMSNorm,\nW_up {l}→{d}", COLORS["moe"], fontsize=9)
-    _box(ax, 6.0, -0.4, 4.0, 0.8, f"shared experts\n(every token, width {d})", COLORS["dense"], fontsize=9)
-    _box(ax, 10.5, 2.6, 1.4, 0.8, "+  → out", "#333333", fontsize=9)
+             COLORS["moe"] if lit else "#c8d6e8", fontsize=10, text_color="white" if lit else "#444444")
+    ax.text(4.6, 0.45, f"{k} of {E} run, in width {l}", ha="center", fontsize=10)
+    _box(ax, 6.0, 2.6, 1.8, 0.8, "Σ w_j E_j", COLORS["moe"], fontsize=10)
+    _box(ax, 8.2, 2.6, 1.8, 0.8, f"RMSNorm,\nW_up {l}→{d}", COLORS["moe"], fontsize=10)
+    _box(ax, 6.0, -0.4, 4.0, 0.8, f"shared experts\n(every token, width {d})", COLORS["dense"], fontsize=10)
+    _box(ax, 10.5, 2.6, 1.4, 0.8, "+  → out", "#333333", fontsize=10)
     _arrow(ax, 1.0, 3.0, 1.4, 3.0), _arrow(ax, 0.5, 3.4, 1.4, 4.8), _arrow(ax, 3.2, 3.0, 3.8, 3.0)
     _arrow(ax, 5.4, 3.0, 6.0, 3.0), _arrow(ax, 7.8, 3.0, 8.2, 3.0), _arrow(ax, 10.0, 3.0, 10.5, 3.0)
     _arrow(ax, 0.5, 2.6, 6.0, 0.0), _arrow(ax, 10.0, 0.0, 11.2, 2.6)
     _arrow(ax, 4.6, 4.5, 4.8, 4.1, color="#555555")
-    ax.text(5.0, 5.0, "ids pick who;\nw = s[ids] / Σ s[ids] weighs how much", fontsize=9, va="center")
+    ax.text(5.0, 5.0, "ids pick who;\nw = s[ids] / Σ s[ids] weighs how much", fontsize=10, va="center")
     ax.text(0.0, 6.5, "inside one MoE sublayer (latent MoE, moe.md §4)", fontsize=11, va="top")
 
 

@@ -1,22 +1,27 @@
 """Figure helpers for a projector: large ticks, colourbars with units, symmetric diverging maps, integer axes.
 
-    PROJECTOR_RC                  the rcParams every lesson uses (tick labels 10 pt, nothing under 9 pt)
+    PROJECTOR_RC                  the rcParams every lesson uses (tick labels 11 pt, nothing under 10 pt)
     heatmap(ax, data, label=...)  imshow + a colourbar naming the unit; diverging=True centres white on 0 and
-                                  clips at a percentile of |data| so one outlier does not wash the rest out
+                                  clips at a percentile of |data| so one outlier does not wash the rest out;
+                                  empty (NaN) cells are hatched grey, never a colour of the scale
     integer_ticks(ax, "x")        integer ticks on an integer axis (tokens, layers, experts)
     bar_labels(ax, bars, fmt)     the value on top of each bar (for bars that differ by orders of magnitude)
+    log_points(ax, labels, values) values on a log axis as points with their labels: a bar on a log axis starts
+                                  at an arbitrary edge, so its length means nothing
+    percent_ci(hits, n)           "61% [54–67 %, n = 208]": an empirical rate with its Wilson 95 % interval and
+                                  sample size, the way every measured percentage in the lessons is printed
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-MIN_FONT_PT = 9
+MIN_FONT_PT = 10
 PROJECTOR_RC = {
     "figure.dpi": 90, "figure.figsize": (9, 3.6), "axes.grid": True, "grid.alpha": 0.3,
     "axes.spines.top": False, "axes.spines.right": False,
-    "font.size": 11, "axes.titlesize": 11, "axes.labelsize": 11, "xtick.labelsize": 10, "ytick.labelsize": 10,
-    "legend.fontsize": 9, "figure.titlesize": 12, "image.interpolation": "nearest",
+    "font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 11, "ytick.labelsize": 11,
+    "legend.fontsize": 10, "figure.titlesize": 12, "image.interpolation": "nearest",
 }
 
 
@@ -26,7 +31,9 @@ def heatmap(ax, data, *, label: str, diverging: bool = False, percentile: float 
     """Draw `data` [rows, cols] on `ax` with a colourbar labelled `label` (what a colour means, with its unit).
 
     diverging=True: a red-white-blue map symmetric around 0 (white = 0), limited to ±(percentile of |data|)
-    unless vmin/vmax are given; values beyond the limit saturate and the colourbar shows an arrow."""
+    unless vmin/vmax are given; values beyond the limit saturate and the colourbar shows an arrow.
+    NaN cells (no value: e.g. a depth source that does not exist yet) are drawn hatched grey behind the map, so
+    no colour of the scale (0, or 1 near a light end) can be mistaken for them."""
     data = np.asarray(data, dtype=np.float64)
     finite = np.abs(data[np.isfinite(data)])
     extend = "neither"
@@ -38,6 +45,13 @@ def heatmap(ax, data, *, label: str, diverging: bool = False, percentile: float 
         extend = "both" if finite.size and finite.max() > lim * (1 + 1e-9) else "neither"
     im = ax.imshow(data, cmap=cmap or "viridis", vmin=vmin, vmax=vmax, aspect=aspect, interpolation="nearest")
     ax.grid(False)
+    if np.isnan(data).any():                 # imshow leaves NaN transparent: hatch what shows through
+        from matplotlib.patches import Rectangle
+
+        rows, cols = data.shape
+        ax.add_patch(Rectangle((-0.5, -0.5), cols, rows, facecolor="white", edgecolor="0.6", hatch="//",
+                               lw=0, zorder=-1))
+        label = f"{label}\nhatched: none"
     if xlabel:
         ax.set_xlabel(xlabel)
     if ylabel:
@@ -59,6 +73,33 @@ def bar_labels(ax, bars, fmt=lambda v: f"{v:.3g}", horizontal: bool = False) -> 
     """Write each bar's value at its end, so bars orders of magnitude apart can still be read."""
     values = [b.get_width() if horizontal else b.get_height() for b in bars]
     ax.bar_label(bars, labels=[fmt(v) for v in values], padding=2, fontsize=MIN_FONT_PT)
+
+
+def log_points(ax, labels, values, colors, fmt=lambda v: f"{v:.3g}") -> None:
+    """Horizontal dot plot on a log x axis: one point per value, its label beside it, a row per label (top first).
+
+    Bars would start at the axis's left edge, an arbitrary number on a log scale; a point's position is all a log
+    axis can honestly show. The axis spans a little over a decade around the values."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0 or (values <= 0).any():
+        raise ValueError(f"log_points needs positive values, got {values.tolist()}.")
+    y = np.arange(len(values))[::-1]
+    ax.scatter(values, y, s=120, c=colors, zorder=3)
+    for v, row in zip(values, y):
+        ax.annotate(fmt(v), (v, row), textcoords="offset points", xytext=(9, 0), va="center", fontsize=MIN_FONT_PT + 1)
+    ax.set_xscale("log")
+    ax.set_xlim(values.min() / 3, values.max() * 6)
+    ax.set_ylim(-0.6, len(values) - 0.4)
+    ax.set_yticks(y, labels)
+
+
+def percent_ci(hits: int, n: int) -> str:
+    """hits / n as a percentage with its Wilson 95 % interval and the sample size (tiny_k3.recall.wilson_interval):
+    a measured rate means little without both, and near 0 % or 100 % the interval is far from symmetric."""
+    from tiny_k3.recall import wilson_interval
+
+    low, high = wilson_interval(int(hits), int(n))
+    return f"{hits / n:.0%} [{100 * low:.0f}–{100 * high:.0f} %, n = {n}]"
 
 
 def depth_grid(reads, block_size: int, num_layers: int):

@@ -106,7 +106,8 @@ def try_exercise(check, fn) -> None:
         print(f"… {name}: not done yet — here is what the check expects:\n")
         print(getattr(check, "expects", check.__doc__ or "").strip())
         if info is not None:
-            print(f"\nStuck? hint({info.number!r}) names the idea, hint({info.number!r}, 2) gives the formula.")
+            print(f"\nStuck? hint({info.number!r}) names the idea, hint({info.number!r}, 2) the shape of the "
+                  f"computation, hint({info.number!r}, {len(info.hints)}) the code.")
     except ExerciseError as err:
         print(f"✗ {name}: not yet right.\n")
         print(str(err))

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
+from functools import lru_cache
 
 import numpy as np
+
+from tiny_k3.attnres import DepthStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,8 @@ class Frame:
     prompt: bool = False      # a prompt frame (its token_id is the next prompt token)
     temperature: float | None = None  # how a sampled token_id was chosen (None when forced)
     seed: int | None = None
+    # per depth read, the names of the sources it weighs ("emb", "b1", ..., "partial"): depth_source_names
+    depth_sources: tuple[tuple[str, ...], ...] = ()
 
     @property
     def extra(self) -> dict:
@@ -194,6 +199,19 @@ def _same(a, b) -> bool:
         return (isinstance(b, (tuple, list, Sequence)) and not isinstance(b, str) and len(a) == len(b)
                 and all(_same(x, y) for x, y in zip(a, b)))
     return a == b
+
+
+@lru_cache(maxsize=16)
+def depth_source_names(residual: str, block_size: int, reads: int) -> tuple[tuple[str, ...], ...]:
+    """The names of the sources each of a token's `reads` depth reads weighs, in execution order (read j
+    comes after j sublayer outputs): tiny_k3.attnres.DepthStream's own bookkeeping, replayed with 0.0
+    standing in for every tensor (only the names are kept). Frame.depth_sources holds them."""
+    stream = DepthStream(0.0, residual, block_size)
+    names = []
+    for _ in range(reads):
+        names.append(tuple(stream.source_names()))
+        stream.add(0.0)
+    return tuple(names)
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,30 @@ def kv_reduction(config: K3Config, baseline: K3Config) -> float:
 
 
 def hybrid_reduction(config: K3Config) -> float:
-    """KV saved per token by the hybrid vs its all-MLA twin: 1 - L_full / L (K3: 1 - 24/93 = 74.2%)."""
-    return 1.0 - len(config.mla_layers) / config.num_layers
+    """KV saved per token by the hybrid vs its all-MLA twin: 1 - L_full / L (K3: 1 - 24/93 = 74.2%), as
+    every MLA layer caches the same width."""
+    return kv_reduction(config, config.twin())
+
+
+def crossover_tokens(config: K3Config) -> int | None:
+    """The first token count at which the hybrid's cache is smaller than its all-MLA twin's (cache_bytes,
+    which equals the measured bytes): the fixed KDA states are a head start that the twin's faster-growing
+    KV cache overtakes (k3_facts.md §5a). None when it never does (no KDA layers)."""
+    twin = config.twin()
+
+    def smaller(n: int) -> bool:
+        return sum(cache_bytes(config, n)) < sum(cache_bytes(twin, n))
+
+    hi = 1
+    while not smaller(hi):                  # both grow linearly: double until past it, then bisect
+        if hi > MIB_CONTEXT * 1024:
+            return None
+        hi *= 2
+    lo = hi // 2                            # smaller(lo) is False (or lo == 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if smaller(mid) else (mid, hi)
+    return hi
 
 
 # ---------------------------------------------------------------------------- curves and projection

@@ -7,9 +7,9 @@ latent projections, norms and depth queries are read and turned into the same ti
 (tiny_k3.mxfp4). The token's Frame is recorded exactly as the simulator records one (`RealSimulation` is a
 sim.Simulation whose model is the stream), so routing, KDA state, depth weights and memory read the same.
 
-Nothing is downloaded: a missing file is an error naming it. Tokens are bytes (tiny_k3.tokenizer): right for a
-synthetic checkpoint (tests/test_released_stream.py), not K3's own tokenizer (docs/released.md says what a real
-run needs).
+Nothing is downloaded unless --download asks (sim/real_download.py): a missing file is an error naming it.
+Tokens are the checkpoint's own BPE where its tiktoken.model and tokenizer_config.json are there
+(tiny_k3.tokenizer.CheckpointTokenizer, --tokenizer auto), else bytes. --layers N streams a truncated model.
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ from tiny_k3.mxfp4 import decode
 from tiny_k3.norm import RMSNorm
 from tiny_k3.probe import NO_RECORDER, Recorder, detached
 from tiny_k3.released import (EXPERT, LM, NOT_LANGUAGE, ST_DTYPES, ReleasedFormatError, Spec, Target,
-                              expert_tensors, released_tensors, spec_bytes, target_of)
-from tiny_k3.tokenizer import encode
+                              expert_tensors, layer_of, released_tensors, spec_bytes, target_of)
+from tiny_k3.tokenizer import BYTES, TOKENIZER_FILES, CheckpointTokenizer
 
-from .kdastates import KDALinks
 from .runfile import RELEASED
 from .session import Simulation
 
@@ -46,34 +45,38 @@ class Checkpoint:
     """A released-format folder: its config, its index and memory-mapped shards, and a count of the bytes read.
 
     Everything is checked before the first token: config.json and the index exist, every shard the index names
-    exists, every language-model tensor of the layout is in the index, and (on first read) each tensor's shape
-    and dtype in its shard header match the layout. `reads` logs (token, name, bytes) of every read."""
+    for the tensors this run reads exists, every language-model tensor of the layout is in the index, and (on
+    first read) each tensor's shape and dtype in its shard header match the layout. `reads` logs (token, name,
+    bytes) of every read.
 
-    def __init__(self, folder, compute_dtype: torch.dtype = torch.float32):
+    layers: stream only the first `layers` layers, then the head (a truncated model: its tokens are not the
+    checkpoint's; the count must end on an MLA layer, as K3's schedule does)."""
+
+    def __init__(self, folder, compute_dtype: torch.dtype = torch.float32, layers: int | None = None):
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise ReleasedFormatError(f"{self.folder} is not a folder; give the folder that holds config.json, "
                                       f"{INDEX} and the shards.")
-        self.config = K3Config.from_released(self.folder / "config.json")
+        self.full_config = K3Config.from_released(self.folder / "config.json")
+        self.config = truncated(self.full_config, layers)
         index = self.folder / INDEX
         if not index.is_file():
             raise ReleasedFormatError(f"{index} is missing; a released checkpoint folder holds config.json, {INDEX} "
-                                      f"and the shards it names (nothing is downloaded).")
-        try:
-            self.weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise ReleasedFormatError(f"{index} is not a safetensors index with a weight_map ({exc}).") from None
-        shards = sorted(set(self.weight_map.values()))
-        missing = [s for s in shards if not (self.folder / s).is_file()]
-        if missing:
-            raise ReleasedFormatError(f"{len(missing)} of the {len(shards)} shards named in {INDEX} are missing from "
-                                      f"{self.folder}, e.g. {missing[0]} (nothing is downloaded).")
+                                      f"and the shards it names (nothing is downloaded without --download).")
+        self.weight_map = read_weight_map(index)
         self.specs: dict[str, Spec] = released_tensors(self.config)
         absent = [n for n in self.specs if n not in self.weight_map]
         if absent:
             raise ReleasedFormatError(f"{INDEX} lacks {len(absent)} tensors of the released layout, "
                                       f"e.g. {absent[0]!r}.")
-        extra = [n for n in self.weight_map if n not in self.specs and not n.startswith(NOT_LANGUAGE)]
+        shards = sorted({self.weight_map[n] for n in self.specs})
+        missing = [s for s in shards if not (self.folder / s).is_file()]
+        if missing:
+            raise ReleasedFormatError(f"{len(missing)} of the {len(shards)} shards this run reads (named in {INDEX}) "
+                                      f"are missing from {self.folder}, e.g. {missing[0]} (nothing is downloaded "
+                                      f"without --download).")
+        extra = [n for n in self.weight_map if n not in self.specs and not n.startswith(NOT_LANGUAGE)
+                 and layer_of(n) < self.config.num_layers]
         if extra:
             target_of(extra[0])          # names the unknown tensor
         self.compute_dtype = compute_dtype
@@ -81,6 +84,10 @@ class Checkpoint:
         self._checked: set[str] = set()
         self.token = 0                     # the token being computed (for `reads`)
         self.reads: list[tuple[int, str, int]] = []
+
+    @property
+    def is_truncated(self) -> bool:
+        return self.config.num_layers < self.full_config.num_layers
 
     def _file(self, name: str):
         shard = self.weight_map[name]
@@ -111,6 +118,28 @@ class Checkpoint:
 
     def bytes_read(self, token: int | None = None) -> int:
         return sum(b for t, _, b in self.reads if token is None or t == token)
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The weight_map of a safetensors index json: tensor name -> shard file."""
+    try:
+        return json.loads(Path(index).read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ReleasedFormatError(f"{index} is not a safetensors index with a weight_map ({exc}).") from None
+
+
+def truncated(config: K3Config, layers: int | None) -> K3Config:
+    """`config` cut to its first `layers` layers (None: all of it). The schedule must still end on an MLA layer,
+    so the allowed counts are the MLA layers' positions + 1 (4, 8, ..., 88, 92, 93 for K3)."""
+    if layers is None or layers == config.num_layers:
+        return config
+    allowed = [i + 1 for i in config.mla_layers]
+    if layers not in allowed:
+        shown = ", ".join(map(str, allowed if len(allowed) <= 6 else allowed[:2] + ["..."] + allowed[-2:]))
+        raise ValueError(f"--layers {layers}: a truncated model keeps K3's schedule, which ends on an MLA layer; "
+                         f"allowed: {shown}.")
+    return config.replace(name=f"{config.name}-first-{layers}", num_layers=layers,
+                          layer_kinds=config.layer_kinds[:layers])
 
 
 def _convert(t: torch.Tensor, target: Target, config: K3Config, dtype: torch.dtype) -> torch.Tensor:
@@ -242,7 +271,8 @@ class StreamedK3(nn.Module):
             if self.progress is not None:
                 self.progress(i + 1, cfg.num_layers, time.perf_counter() - t0)
         out_res, final_norm, lm_head = self._head()
-        h, weights = stream.read(out_res)
+        uniform = hooks is not None and cfg.num_layers in hooks.uniform_depth    # a what-if's UniformDepth, as TinyK3
+        h, weights = stream.read(out_res, uniform)
         recorder.record("depth", cfg.num_layers, site="out", weights=None if weights is None else detached(weights),
                         h=detached(h))
         logits = lm_head(final_norm(h))
@@ -252,44 +282,43 @@ class StreamedK3(nn.Module):
 
 
 class RealSimulation(Simulation):
-    """A sim.Simulation over a released-format checkpoint: the same timeline, Frames and stepping, with the
-    streamed model as its model and no twin (its bytes come from the formula, as for any twin-less run).
-
-    The attributes are the ones Simulation.__init__ sets (sim/session.py); only the model differs."""
+    """A sim.Simulation over a released-format checkpoint: the same timeline, Frames and stepping (Simulation's
+    own __init__ and frame code), with the streamed model as its model, the chosen tokenizer as its tokenizer,
+    and no twin (its bytes come from the formula, as for any twin-less run)."""
 
     def __init__(self, folder, prompt: str, *, device: str | None = "cpu", keep: bool = False, progress=None,
-                 check_memory: bool = True):
+                 check_memory: bool = True, tokenizer: str = "auto", layers: int | None = None):
         """folder: a released-format folder or an open Checkpoint. progress(layer, layers, seconds) after each
-        layer of each token."""
-        checkpoint = folder if isinstance(folder, Checkpoint) else Checkpoint(folder)
+        layer of each token. tokenizer: "auto" (the checkpoint's own where its files are there, else bytes),
+        "checkpoint" or "bytes" (`choose_tokenizer`). layers: stream a truncated model (Checkpoint)."""
+        resolve_device(device or "cpu")            # a clear error when CUDA is asked for but absent, before any work
+        checkpoint = folder if isinstance(folder, Checkpoint) else Checkpoint(folder, layers=layers)
         self.checkpoint = checkpoint
-        self.config = checkpoint.config
+        self.tokenizer = choose_tokenizer(checkpoint.folder, tokenizer)
+        vocab = checkpoint.config.vocab_size
+        if self.tokenizer.num_tokens > vocab:
+            raise ValueError(f"the tokenizer ({self.tokenizer.name}) has {self.tokenizer.num_tokens} ids but this "
+                             f"checkpoint's embedding has {vocab} rows.")
         if check_memory:
             check_ram(checkpoint, keep)
-        self.twin_config = self.config.twin()
-        self.seed = self.sample_seed = 0
-        self.temperature = 0.0
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("the prompt is empty; give at least one character to start from.")
-        ids = encode(prompt)
-        if max(ids) >= self.config.vocab_size:
-            raise ValueError(f"byte tokens need vocab_size >= 258; this checkpoint has {self.config.vocab_size}.")
-        self.device = resolve_device(device or "cpu")         # a clear error when CUDA is asked for but absent
-        self.prompt = prompt
-        self.model = StreamedK3(checkpoint, self.device, keep=keep, progress=progress)
-        self.weights, self.twin_model, self.twin_weights = f"{RELEASED}{checkpoint.folder.name}", None, "none"
-        self._frames, self._logits = [], []
-        self._cache = ModelCache(self.config.num_layers)
-        self._twin_cache = ModelCache(self.config.num_layers)
-        self._snapshots, self._bias_cache = {}, {}
-        self._kda_links, self._off_timeline_links = KDALinks(), KDALinks()
-        self._ints = {}
-        from .frame import Choice
-        for i, tok in enumerate(ids):
-            choice = Choice.forced(ids[i + 1]) if i + 1 < len(ids) else Choice.sampled(0.0, 0)
-            self._advance(tok, choice, prompt=True)
-        self.prompt_len = len(ids)
-        self.cursor = len(ids) - 1
+        self._stream_options = dict(keep=keep, progress=progress)
+        super().__init__(checkpoint.config, prompt, device=device or "cpu", weights="random", twin=False)
+
+    def _build_models(self, weights: str, twin: bool):
+        model = StreamedK3(self.checkpoint, self.device, **self._stream_options)
+        return model, f"{RELEASED}{self.checkpoint.folder.name}", None, "none"
+
+
+def choose_tokenizer(folder: Path, choice: str = "auto"):
+    """The tokenizer of a run over `folder`: "checkpoint" (its tiktoken.model and tokenizer_config.json, read by
+    tiny_k3.tokenizer.CheckpointTokenizer: an error when they are missing), "bytes" (tiny_k3.tokenizer's), or
+    "auto": the checkpoint's where both files are there, else bytes."""
+    if choice not in ("auto", "checkpoint", "bytes"):
+        raise ValueError(f"--tokenizer must be auto, checkpoint or bytes, got {choice!r}.")
+    has_files = all((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+    if choice == "bytes" or (choice == "auto" and not has_files):
+        return BYTES
+    return CheckpointTokenizer(folder)
 
 
 # ---------------------------------------------------------------------------- what a run needs
@@ -332,6 +361,29 @@ def check_ram(checkpoint: Checkpoint, keep: bool) -> None:
                           f"{cfg.top_k} decoded experts in {dtype}), and {have / 2**30:.1f} GiB is available.")
 
 
+def frame_file_bytes(config: K3Config) -> int:
+    """Bytes one frame takes in a run file (sim.runfile's arrays), from the config: per KDA layer the float16
+    state [H, K, V], the decay [H, K] and three [H] vectors; per MoE layer the scores and bias [E] and the k ids
+    and weights; a little more for the depth reads, sublayers, memory and top-5 (a lower bound within 1%)."""
+    H, K, E, k = config.kda_heads, config.kda_head_dim, config.num_experts, config.top_k
+    kda = len(config.kda_layers) * (H * K * K * 2 + H * K * 4 + 3 * H * 4)
+    routing = len(config.moe_layers) * (2 * E * 4 + k * (8 + 4))
+    return kda + routing
+
+
+def check_save_disk(config: K3Config, frames: int, path) -> None:
+    """A clear error before the first token when the disk under `path` cannot hold a run file of `frames`."""
+    import shutil
+
+    folder = Path(path).resolve().parent
+    need = frames * frame_file_bytes(config)
+    free = shutil.disk_usage(folder if folder.is_dir() else Path.cwd()).free
+    if need > free:
+        raise OSError(f"--save {path}: {frames} frames of this model take about {need / 1e9:.1f} GB "
+                      f"({frame_file_bytes(config) / 1e6:.0f} MB a frame, mostly KDA states), and {folder} has "
+                      f"{free / 1e9:.1f} GB free; save fewer tokens or elsewhere.")
+
+
 def available_ram() -> int:
     """Free RAM here (the OS's MemAvailable): what the streamed weights are read into."""
     from .measure.measurement import available_bytes
@@ -349,10 +401,11 @@ def _size(n: float) -> str:
 
 
 def main_real(argv: list[str], console) -> int:
-    """`python -m sim real DIR [--prompt TEXT] [--tokens N] [--save RUN.npz] [--device D] [--keep]`."""
+    """`python -m sim real DIR [--prompt TEXT] [--tokens N] [--save RUN.npz] [--device D] [--keep]
+    [--tokenizer auto|checkpoint|bytes] [--layers N] [--download LAYERS [--repo ID]]`."""
     import argparse
 
-    from rich.table import Table
+    from .real_download import DEFAULT_REPO
 
     p = argparse.ArgumentParser(prog="python -m sim real", description="Stream a released-format K3 checkpoint "
                                 "from DIR layer by layer and show each token's routing, bytes read and time.")
@@ -363,33 +416,68 @@ def main_real(argv: list[str], console) -> int:
     p.add_argument("--keep", action="store_true", help="keep every layer's non-expert weights in RAM after "
                    "the first token (experts are still read per token)")
     p.add_argument("--save", metavar="RUN.npz", default=None, help="write the Frames as a run file "
-                   "(sim.runfile; read it with sim.runfile.read)")
+                   "(sim.runfile; `tiny-k3 --open RUN.npz` shows it read-only)")
     p.add_argument("--disk-gbps", type=float, default=2.0, help="disk speed for the time estimate (GB/s)")
+    p.add_argument("--tokenizer", default="auto", choices=("auto", "checkpoint", "bytes"),
+                   help="the checkpoint's own BPE (tiktoken.model + tokenizer_config.json, needs tiktoken), byte "
+                   "tokens, or auto: the checkpoint's where its files are in DIR, else bytes")
+    p.add_argument("--layers", type=int, default=None, metavar="N", help="stream only the first N layers, then the "
+                   "head: a truncated model (N must end on an MLA layer: 4, 8, ... for K3); its tokens are not K3's")
+    p.add_argument("--download", metavar="LAYERS", default=None, help="first fetch into DIR, through "
+                   "huggingface_hub, the config, index, tokenizer and only the shards LAYERS (e.g. 0-3) need; "
+                   "implies --layers (last of LAYERS) + 1")
+    p.add_argument("--repo", default=DEFAULT_REPO, help=f"the hub repo --download reads (default {DEFAULT_REPO})")
     args = p.parse_args(argv)
     try:
         if args.tokens < 0:
             raise ValueError(f"--tokens must be 0 or more, got {args.tokens}.")
-        status = console.status("reading the checkpoint")
-        spent: list[float] = []                    # this token's layer times
-
-        def progress(done, total, seconds):
-            spent[:] = ([] if done == 1 else spent) + [seconds]
-            token = sim_token()
-            status.update(f"token {token}: layer {done}/{total}, {1e3 * seconds:.0f} ms, "
-                          f"{_size(checkpoint.bytes_read(token))} read so far, "
-                          f"about {sum(spent) / done * total:.1f} s a token")
-
-        checkpoint = Checkpoint(args.dir)          # (the errors about the folder come before anything runs)
-        sim_token = lambda: checkpoint.token       # noqa: E731
-        with status:
-            sim = RealSimulation(checkpoint, args.prompt, device=args.device, keep=args.keep, progress=progress)
-            sim.run(args.tokens)
+        resolve_device(args.device or "cpu")     # no GPU for --device cuda: said before anything is read
+        if args.download is not None:
+            from .real_download import download
+            layers = download(args.dir, args.download, args.repo, say=console.print)
+            args.layers = args.layers or layers[-1] + 1
+        checkpoint = Checkpoint(args.dir, layers=args.layers)   # (the errors about the folder come before any token)
+        if args.save:
+            prompt_tokens = len(choose_tokenizer(checkpoint.folder, args.tokenizer).encode(args.prompt))
+            check_save_disk(checkpoint.config, prompt_tokens + args.tokens, args.save)
+        sim = _stream(checkpoint, args, console)
         if args.save:
             from .runfile import save
             save(sim, args.save)
     except (ValueError, MemoryError, OSError) as exc:     # ReleasedFormatError and ConfigError are ValueErrors
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    _report(sim, args, console)
+    return 0
+
+
+def _stream(checkpoint: Checkpoint, args, console) -> RealSimulation:
+    """Run the prompt and args.tokens more through the stream under a progress bar: the layer being read, its
+    time, the bytes read for this token so far and the time a token takes at this rate."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   console=console, transient=True)
+    task = bar.add_task("reading the checkpoint", total=checkpoint.config.num_layers, info="")
+    spent: list[float] = []                    # this token's layer times
+
+    def progress(done, total, seconds):
+        spent[:] = ([] if done == 1 else spent) + [seconds]
+        token = checkpoint.token
+        bar.update(task, completed=done, total=total, description=f"token {token}: layer",
+                   info=f"{1e3 * seconds:.0f} ms this layer · {_size(checkpoint.bytes_read(token))} read · about "
+                        f"{sum(spent) / done * total:.1f} s a token")
+
+    with bar:
+        sim = RealSimulation(checkpoint, args.prompt, device=args.device, keep=args.keep, progress=progress,
+                             tokenizer=args.tokenizer)
+        sim.run(args.tokens)
+    return sim
+
+
+def _report(sim: RealSimulation, args, console) -> None:
+    from rich.table import Table
+
     cfg, ck = sim.config, sim.checkpoint
     layer = cfg.moe_layers[0]
     t = Table(title=f"{ck.folder.name}: {cfg.num_layers} layers ({len(cfg.kda_layers)} KDA + {len(cfg.mla_layers)} "
@@ -404,7 +492,11 @@ def main_real(argv: list[str], console) -> int:
         t.add_row(str(f.position), f.input_text, f.token_text, ids, _size(read), _size(experts), f"{f.step_ms:.0f}",
                   f"{read / (args.disk_gbps * 1e9):.3g} s", style="dim" if f.extra.get("prompt") else None)
     console.print(t)
-    console.print(f"text: {sim.text!r} (byte tokens; see docs/released.md)")
+    console.print(f"tokenizer: {sim.tokenizer.name}")
+    if ck.is_truncated:
+        console.print(f"[yellow]truncated model:[/yellow] the first {cfg.num_layers} of {ck.full_config.num_layers} "
+                      f"layers, then the head; its tokens are not the checkpoint's own (nor K3's).")
+    console.print(f"text: {sim.text!r}")
     if args.save:
-        console.print(f"saved {len(sim.frames)} frames to {args.save}")
-    return 0
+        console.print(f"saved {len(sim.frames)} frames to {args.save} (tiny-k3 --open {args.save} shows them, "
+                      f"read-only)")

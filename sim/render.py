@@ -23,9 +23,11 @@ from rich.table import Table
 from rich.text import Text
 
 from tiny_k3.config import K3Config
+from tiny_k3.tokenizer import token_text
 
 from .frame import Frame, KDARecord, RoutingRecord
-from .memory import MIB_CONTEXT, format_bytes, project_to_k3
+from .memory import MIB_CONTEXT, crossover_tokens, format_bytes, project_to_k3
+from .serving import bytes_held_ratio
 
 SPARK = "▁▂▃▄▅▆▇█"
 SHADES = " ░▒▓█"
@@ -305,30 +307,125 @@ def _ratio(x: float) -> str:
     return f"{x:.2f}x" if x >= 0.1 else f"{x:.2g}x"
 
 
-def depth_heatmap(frame: Frame, cell: int = 2) -> RenderableType:
-    """AttnRes depth weights of one token: a row per consumer sublayer (and the head), a column per source.
+def weight_style(w: float) -> Style:
+    """A depth weight in [0, 1] as a colour: dark at 0, bright green (WEIGHT_HIGH) at 1."""
+    return _style(_lerp(DARK, WEIGHT_HIGH, w))
 
-    Source 0 is the embedding, then the completed block sums, last the current block's partial sum.
+
+def _depth_columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """Every source any read names: emb, b1 .. bN (the most completed blocks of any read), partial."""
+    blocks = max(sum(n.startswith("b") for n in names) for names in rows)
+    return ["emb"] + [f"b{i}" for i in range(1, blocks + 1)] + ["partial"]
+
+
+def depth_map(frame: Frame, lo: int = 0, rows: int | None = None, marks: dict[str, str] | None = None) -> Text:
+    """AttnRes depth weights of one token, reads lo..lo+rows (all by default), one column per named source.
+
+    Columns: emb (the embedding), b1, b2, ... (completed block sums), partial (the open block's running
+    sum, if the read has one); a read that does not see a source shows "·" there. Each row's weights sum
+    to 1; a cell's shade (░▒▓█, and its green) is its weight on a 0..1 scale. Names: frame.depth_sources.
+    marks: row label ("L0 attn") -> a note appended to that row (the recall moment's top sublayers).
     """
-    rows = [d for d in frame.depth if d.weights.size]
-    if not rows:
+    if len(frame.depth_sources) != len(frame.depth):
+        raise ValueError(f"the frame names the sources of {len(frame.depth_sources)} depth reads but holds "
+                         f"{len(frame.depth)}; build it with sim.frame.depth_source_names.")
+    reads = [(d, names) for d, names in zip(frame.depth, frame.depth_sources) if d.weights.size]
+    if not reads:
         return Text("standard residual: every sublayer reads the plain running sum (no depth weights).")
-    n = max(d.weights.size for d in rows)
-    labels = ["out" if d.site == "out" else f"L{d.layer} {d.site}" for d in rows]
-    pad = max(len(s) for s in labels)
+    columns = _depth_columns([names for _, names in reads])
+    label_w = len(f"L{max(d.layer for d, _ in reads if d.site != 'out')} attn")
+    cell = max(len(c) for c in columns[:-1])      # "emb", "b1".. right-aligned in 3 cells over 2 shade cells
+    out = Text(no_wrap=True, overflow="crop")
+    out.append(" " * label_w + "".join(c.rjust(cell) for c in columns[:-1]) + " " + columns[-1] + "\n",
+               style="bold")
+    for d, names in reads[lo:None if rows is None else lo + rows]:
+        label = "out" if d.site == "out" else f"L{d.layer} {d.site}"
+        out.append(label.rjust(label_w))
+        by_name = dict(zip(names, d.weights.tolist()))
+        for c in columns:
+            w = by_name.get(c)
+            if w is None:
+                out.append("·".rjust(cell), style="dim")
+            else:
+                out.append(" " + _shade(w) * (cell - 1), style=weight_style(w))
+        if marks and label in marks:
+            out.append(f" ◀ {marks[label]}", style="bold magenta")
+        out.append("\n")
+    out.rstrip()
+    return out
 
-    def render(mono: bool) -> Text:
-        out = Text(no_wrap=True, overflow="crop")
-        out.append(" " * (pad + 1) + "".join(str(j % 10).ljust(cell) for j in range(n)), style="dim")
-        for label, d in zip(labels, rows):
-            out.append("\n" + label.rjust(pad) + " ")
-            for w in d.weights:
-                if mono:
-                    out.append(_shade(float(w)) * cell)
-                else:
-                    out.append("█" * cell, _style(_lerp(DARK, WEIGHT_HIGH, float(w))))
-        out.append(f"\nsources: 0 = embedding, then block sums, last = partial block · max weight "
-                   f"{max(float(d.weights.max()) for d in rows):.2f}", style="dim")
-        return out
 
-    return ByColour(lambda: render(False), lambda: render(True))
+def crossover_line(config: K3Config, tokens: int) -> Text:
+    """Where the hybrid's cache falls below its all-MLA twin's (memory.crossover_tokens), seen from `tokens`."""
+    n = crossover_tokens(config)
+    if n is None:
+        return Text("no KDA layers here: hybrid and twin grow alike", style="bold")
+    if tokens < n:
+        return Text.assemble(("hybrid larger until token ", "bold yellow"), (f"{n:,}", "bold yellow"),
+                             f" (now {tokens:,}); r: watch it cross")
+    return Text.assemble(("hybrid smaller since token ", "bold green"), (f"{n:,}", "bold green"),
+                         ": from here the twin only pulls away")
+
+
+def memory_table(frame: Frame, config: K3Config, bar_width: int = 0) -> Table:
+    """Measured bytes of this run, then K3 at as many tokens and at 1M: hybrid, twin, the ratio twin ÷ hybrid.
+
+    K3's ratios are sim.serving.bytes_held_ratio's (bytes held, not speed); bar_width > 0 adds a column of
+    two bars per row (hybrid green over twin blue, scaled to the larger).
+    """
+    n = frame.position + 1
+    now, far = project_to_k3(n), project_to_k3(MIB_CONTEXT)
+    t = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), show_edge=False)   # one cell between columns
+    t.add_column("", no_wrap=True)
+    t.add_column("hybrid", justify="right", style="green", no_wrap=True)
+    t.add_column("twin", justify="right", style="blue", no_wrap=True)
+    t.add_column("twin ÷ hybrid", justify="right", no_wrap=True)
+    if bar_width:
+        t.add_column("", no_wrap=True)
+    rows = [("this run", frame.memory.total_bytes, frame.memory.twin_kv_bytes, None),
+            ("K3 now", now.hybrid, now.twin, n), ("K3 at 1M", far.hybrid, far.twin, MIB_CONTEXT)]
+    for title, hybrid, twin, k3_tokens in rows:
+        r = bytes_held_ratio(k3_tokens) if k3_tokens is not None else twin / hybrid if hybrid else 0.0
+        ratio = "-" if not hybrid else f"{r:.2f}x" if twin >= 0.1 * hybrid else f"{r:.2g}x"
+        cells = [title, format_bytes(hybrid), format_bytes(twin), ratio]
+        if bar_width:
+            top = max(hybrid, twin, 1)
+            cells.append(Text.assemble((bar(hybrid / top, bar_width), "green"), "\n",
+                                       (bar(twin / top, bar_width), "blue")))
+        t.add_row(*cells)
+    return t
+
+
+# ---------------------------------------------------------------------------- tokens
+
+
+def top_tokens(frame: Frame, tokenizer=None) -> list[tuple[str, float]]:
+    """The frame's most likely next tokens as (label, probability), most likely first. tokenizer: the run's own
+    (a real checkpoint's BPE, sim.real); bytes by default."""
+    label = token_text if tokenizer is None else tokenizer.token_text
+    return [(label(i), p) for i, p in zip(frame.top_ids.tolist(), frame.top_probs.tolist())]
+
+
+def timeline_text(frames: list[Frame], prompt_len: int, step: int, visited: int, width: int) -> Text:
+    """The tokens around the cursor that fit `width`: prompt dim, generated bold, cursor reversed, then
+    " → " and the token chosen at the cursor.
+
+    Only frames up to `visited` are shown (the rest is look-ahead the learner has not asked for).
+    """
+    end = min(visited, len(frames) - 1)
+    pieces, used = [], 0
+    for i in range(end, -1, -1):
+        f = frames[i]
+        style = "reverse bold yellow" if i == step else ("dim" if i < prompt_len else "bold")
+        if i > step:
+            style = "dim italic"
+        pieces.append((f.input_text, style))
+        used += len(f.input_text)
+        if used > width - 12 and i < step - 4:   # keep 12 cells for " → " and the next token
+            break
+    pieces.reverse()
+    text = Text.assemble(*pieces)
+    if end == step:
+        text.append(" → ", style="dim")
+        text.append(frames[end].token_text, style="bold green")
+    return text

@@ -36,11 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from tiny_k3.tokenizer import token_text
+from tiny_k3.config import K3Config
+from tiny_k3.tokenizer import BYTES, StoredTokenizer, token_text
 from tiny_k3.weights import weights_path
 
-from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord
+from .frame import DepthRecord, Frame, KDARecord, MemoryRecord, RoutingRecord, SublayerRecord, depth_source_names
 from .session import Simulation
 
 FORMAT = "tiny-k3 run"
@@ -123,6 +125,8 @@ def save(sim: Simulation, path, cursor: int | None = None) -> Path:
         "weights_id": weights_id(sim), "twin": sim.twin_model is not None, "prompt_len": sim.prompt_len,
         "cursor": int(cursor), "frames": len(frames), **layout,
     }
+    if sim.weights.startswith(RELEASED) or sim.tokenizer is not BYTES:
+        meta["tokenizer"] = tokenizer_meta(sim.tokenizer, frames)
     members = {"meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8), **_arrays(frames)}
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as fh:
@@ -136,6 +140,7 @@ def save(sim: Simulation, path, cursor: int | None = None) -> Path:
 
 def _frames(meta: dict, a: dict[str, np.ndarray]) -> list[Frame]:
     reads, offsets = meta["depth_reads"], np.cumsum([0] + [n for _, _, n in meta["depth_reads"]])
+    names = depth_source_names(meta["config"]["residual"], meta["config"]["attnres_block_size"], len(reads))
     frames = []
     for i in range(meta["frames"]):
         def col(name, i=i):
@@ -160,7 +165,7 @@ def _frames(meta: dict, a: dict[str, np.ndarray]) -> list[Frame]:
             top_probs=col("top.probs"), routing=routing, kda=kda, depth=depth, sublayers=subs, memory=memory,
             step_ms=float(col("frame.step_ms")), twin_step_ms=float(col("frame.twin_step_ms")), forced=forced,
             embed_norm=float(col("frame.embed_norm")), prompt=bool(col("extra.prompt")),
-            temperature=None if forced else t, seed=None if forced else s))
+            temperature=None if forced else t, seed=None if forced else s, depth_sources=names))
     return frames
 
 
@@ -186,6 +191,8 @@ def read(path) -> SavedRun:
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ValueError(f"{path.name} is damaged: its frames do not match its header ({type(exc).__name__}).") \
             from None
+    if "tokenizer" in meta:
+        frames = relabelled(frames, stored_tokenizer(meta))
     return SavedRun(meta, frames, arrays)
 
 
@@ -196,7 +203,8 @@ def _choice(frame: Frame) -> dict:
 
 
 def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:
-    """Reopen a saved run as a live Simulation at its saved cursor (see the module docstring).
+    """Reopen a saved run as a live Simulation at its saved cursor (see the module docstring); a run streamed
+    from a released checkpoint (sim/real.py) opens read-only, as a StreamedRun.
 
     progress(done, total) is called as frames are recomputed (Simulation's prompt prefill, then the rest).
     """
@@ -204,9 +212,7 @@ def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:
     meta, saved = run.meta, run.frames
     name = Path(path).name
     if str(meta.get("weights", "")).startswith(RELEASED):
-        raise ValueError(f"{name} was streamed from a released checkpoint ({meta['weights']}), which cannot be "
-                         f"replayed here; read its frames with sim.runfile.read, or stream the folder again with "
-                         f"`python -m sim real`.")
+        return StreamedRun(run, name)
     total = len(saved)
     sim = Simulation(meta["preset"], meta["prompt"], seed=meta["seed"], device=device, weights=meta["weights"],
                      twin=meta["twin"], progress=None if progress is None else (lambda done, _: progress(done, total)))
@@ -228,3 +234,67 @@ def load(path, *, device: str | None = "cpu", progress=None) -> Simulation:
                          f"by another version of tiny-k3 or its model code.")
     sim.goto(meta["cursor"])
     return sim
+
+
+# ---------------------------------------------------------------------------- runs streamed from a released checkpoint
+def tokenizer_meta(tokenizer, frames: list[Frame]) -> dict:
+    """What a run file keeps of its tokenizer: its name and size, and the bytes (latin-1 text; None for a special)
+    and label of every id its frames hold (inputs, choices, top-5), so the run shows and decodes without it."""
+    ids = sorted({i for f in frames for i in (f.input_id, f.token_id, *map(int, f.top_ids))})
+    pieces = [tokenizer.token_bytes(i) for i in ids]
+    return {"name": tokenizer.name, "num_tokens": tokenizer.num_tokens, "bos": tokenizer.bos, "ids": ids,
+            "pieces": [None if p is None else p.decode("latin-1") for p in pieces],
+            "labels": [tokenizer.token_text(i) for i in ids]}
+
+
+def stored_tokenizer(meta: dict) -> StoredTokenizer:
+    t = meta["tokenizer"]
+    pieces = {i: None if p is None else p.encode("latin-1") for i, p in zip(t["ids"], t["pieces"])}
+    return StoredTokenizer(t["name"], t["num_tokens"], t["bos"], pieces, dict(zip(t["ids"], t["labels"])))
+
+
+def relabelled(frames: list[Frame], tokenizer) -> list[Frame]:
+    """Frames with their input and token texts from `tokenizer` (a file stores ids; the byte labels are the
+    default)."""
+    return [dataclasses.replace(f, input_text=tokenizer.token_text(f.input_id),
+                                token_text=tokenizer.token_text(f.token_id)) for f in frames]
+
+
+def config_from_dict(fields: dict) -> K3Config:
+    """A K3Config from its dataclasses.asdict in a run file's meta (JSON made its tuples lists)."""
+    return K3Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+class StreamedRun(Simulation):
+    """A run streamed from a released checkpoint (sim/real.py), reopened from its file without the weights.
+
+    Every recorded Frame can be looked at (routing, KDA state, depth weights, memory) and stepped through;
+    nothing can be computed: a step past the last frame, a changed choice, a what-if or a recall moment is a
+    ValueError saying so (`read_only_reason`). The attributes are those a Simulation has (sim/session.py)."""
+
+    def __init__(self, run: SavedRun, name: str):
+        meta = run.meta
+        self.config = config_from_dict(meta["config"])
+        self.twin_config = self.config.twin()
+        self.seed, self.sample_seed, self.temperature = meta["seed"], meta["sample_seed"], meta["temperature"]
+        self.prompt, self.prompt_len, self.weights = meta["prompt"], meta["prompt_len"], meta["weights"]
+        self.tokenizer = stored_tokenizer(meta) if "tokenizer" in meta else BYTES
+        self.device = torch.device("cpu")
+        self.model, self.twin_model, self.twin_weights = None, None, "none"
+        self._frames, self._logits, self._snapshots = list(run.frames), [], {}
+        self.cursor = meta["cursor"]
+        self.read_only_reason = (f"{name} was streamed from a released checkpoint ({meta['weights']}) whose weights "
+                                 f"are not here: its frames can be looked at, not extended, changed or recomputed; "
+                                 f"stream the folder again with `python -m sim real`.")
+
+    def step(self, force_token=None, temperature=None, seed=None) -> Frame:
+        if force_token is None and temperature is None and seed is None and self.cursor + 1 < len(self._frames):
+            self.cursor += 1
+            return self.frame
+        raise ValueError(self.read_only_reason)
+
+    def what_if(self, *changes, **options):
+        raise ValueError(self.read_only_reason)
+
+    def recall_moment(self, i: int | None = None):
+        raise ValueError(self.read_only_reason)

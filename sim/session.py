@@ -33,11 +33,12 @@ from tiny_k3.cache import KDAState, MLACache, ModelCache
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
 from tiny_k3.model import WEIGHTS, load_model, resolve_device
 from tiny_k3.probe import Recorder
-from tiny_k3.tokenizer import EOS, decode, encode, token_text
+from tiny_k3.tokenizer import BYTES, EOS
 from tiny_k3.weights import config_for
 
-from .frame import Choice, Frame, MemoryRecord, SublayerView
+from .frame import Choice, Frame, MemoryRecord, SublayerView, depth_source_names
 from .memory import non_negative_int
+from .prompt import prompt_ids
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
 from .recorder import FrameRecorder
 
@@ -144,6 +145,8 @@ class Simulation:
     (52 KB, 1.0 MB, 11.6 MB).
     """
 
+    tokenizer = BYTES   # text <-> ids <-> labels (tiny_k3.tokenizer); sim.real puts a checkpoint's own BPE here
+
     def __init__(self, preset: str | K3Config = DEFAULT_PRESET, prompt: str = DEFAULT_PROMPT, *, seed: int = 0,
                  device: str | None = "cpu", temperature: float = 0.0, weights: str = "auto", twin: bool = True,
                  progress=None):
@@ -156,18 +159,10 @@ class Simulation:
         self.temperature = _temperature(temperature)
         if weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("the prompt is empty; give at least one character to start from.")
-        ids = encode(prompt)
-        limit = self.config.max_seq_len
-        if len(ids) >= limit:
-            raise ValueError(f"the prompt is {len(ids)} tokens (BOS + {len(ids) - 1} bytes) but preset "
-                             f"{self.config.name!r} allows {limit} tokens in all, so use at most {limit - 2} "
-                             f"bytes of prompt to leave room to generate.")
+        ids = prompt_ids(prompt, self.config, self.tokenizer)
         self.device = resolve_device(device)
         self.prompt = prompt
-        self.model, self.weights, self.twin_model, self.twin_weights = _build_models(
-            self.config, weights, self.seed, self.device, twin)
+        self.model, self.weights, self.twin_model, self.twin_weights = self._build_models(weights, twin)
 
         self._frames: list[Frame] = []
         self._logits: list[np.ndarray] = []          # [NUM_TOKENS] float32 per frame: a changed choice resamples these
@@ -201,7 +196,7 @@ class Simulation:
     def text(self) -> str:
         """The timeline's text up to the cursor: its input tokens and the token chosen after the cursor."""
         ids = [f.input_id for f in self._frames[:self.cursor + 1]] + [self.frame.token_id]
-        return decode(ids)
+        return self.tokenizer.decode(ids)
 
     def back(self) -> Frame:
         if self.cursor == 0:
@@ -282,7 +277,7 @@ class Simulation:
                                       depth=depth.get((layer, "mlp")), routing=f.routing_for(layer),
                                       out_norm=out.get((layer, "mlp"), 0.0)))
         head = depth.get((cfg.num_layers, "out"))
-        top = tuple((int(t), token_text(int(t)), float(p)) for t, p in zip(f.top_ids, f.top_probs))
+        top = tuple((int(t), self.tokenizer.token_text(int(t)), float(p)) for t, p in zip(f.top_ids, f.top_probs))
         views.append(SublayerView(len(views), cfg.num_layers, "head", "head", "head", depth=head,
                                   out_norm=0.0 if head is None else head.h_norm, top=top))
         return views
@@ -338,6 +333,11 @@ class Simulation:
                 f"weights={self.weights!r}, device={str(self.device)!r})")
 
     # ------------------------------------------------------------------ internals
+    def _build_models(self, weights: str, twin: bool):
+        """(model, weights source, twin model or None, twin source): the models this timeline runs (sim.real
+        gives a streamed checkpoint instead)."""
+        return _build_models(self.config, weights, self.seed, self.device, twin)
+
     @staticmethod
     def _span(layers: list[int]) -> str:
         return ", ".join(map(str, layers)) if len(layers) <= 8 else f"{layers[0]} to {layers[-1]}"
@@ -357,9 +357,9 @@ class Simulation:
         return i
 
     def _token(self, token) -> int:
-        vocab = NUM_TOKENS
+        vocab = self.tokenizer.num_tokens
         if isinstance(token, str):
-            ids = encode(token, bos=False)
+            ids = self.tokenizer.encode(token, bos=False)
             if len(ids) != 1:
                 raise ValueError(f"force_token must be one byte-sized character or a token id, got {token!r} "
                                  f"({len(ids)} bytes).")
@@ -418,15 +418,16 @@ class Simulation:
         rec = recorder.finish()
 
         # Ids past EOS are padding rows of the embedding (vocab 512 > 258 tokens): never offer them.
-        logits = rec.logits[:NUM_TOKENS]
+        logits = rec.logits[:self.tokenizer.num_tokens]
         chosen = self._choose(logits, position, choice)
         top_ids, top_probs = top_tokens(logits)
         frame = Frame(
-            index=position, position=position, input_id=token, input_text=token_text(token),
-            token_id=chosen, token_text=token_text(chosen), top_ids=top_ids, top_probs=top_probs,
+            index=position, position=position, input_id=token, input_text=self.tokenizer.token_text(token),
+            token_id=chosen, token_text=self.tokenizer.token_text(chosen), top_ids=top_ids, top_probs=top_probs,
             routing=rec.routing, kda=rec.kda, depth=rec.depth, sublayers=rec.sublayers,
             memory=self._memory(cache, twin_cache, position + 1), step_ms=1e3 * (t1 - t0), twin_step_ms=twin_ms,
-            embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice))
+            embed_norm=rec.embed_norm, prompt=prompt, **self._choice_fields(choice),
+            depth_sources=depth_source_names(self.config.residual, self.config.attnres_block_size, len(rec.depth)))
         return frame, logits, cache, twin_cache
 
     @staticmethod
@@ -505,6 +506,6 @@ class Simulation:
             self._restore(c + 1)
         old = self._frames[c]
         token = self._choose(self._logits[c], old.position, choice)
-        self._frames[c] = dataclasses.replace(old, token_id=token, token_text=token_text(token),
+        self._frames[c] = dataclasses.replace(old, token_id=token, token_text=self.tokenizer.token_text(token),
                                               **self._choice_fields(choice))
         self.prompt_len = min(self.prompt_len, c + 1)

@@ -24,6 +24,9 @@ import workshop  # noqa: E402
 from checks import ExerciseError  # noqa: E402
 
 SOLVED = {
+    checks.check_causal_attention: solutions.causal_attention,
+    checks.check_decode_step: solutions.decode_step,
+    checks.check_kv_cache_bytes: solutions.kv_cache_bytes,
     checks.check_route: solutions.route,
     checks.check_active_params: solutions.active_params,
     checks.check_bias_update: solutions.bias_update,
@@ -37,11 +40,15 @@ SOLVED = {
     checks.check_mxfp4_bytes: solutions.mxfp4_bytes,
     checks.check_release_bytes: solutions.release_bytes,
     checks.check_ep_bytes: solutions.ep_bytes,
+    checks.check_decode_roofline: solutions.decode_roofline,
     checks.check_sublayer_order: solutions.sublayer_order,
     checks.check_num_sources: solutions.num_sources,
     checks.check_ablated_route: solutions.ablated_route,
     checks.check_kl: solutions.kl,
     checks.check_reset_head: solutions.reset_head,
+    checks.check_weighted_loss: solutions.weighted_loss,
+    checks.check_lr_at: solutions.lr_at,
+    checks.check_wilson_interval: solutions.wilson_interval,
 }
 
 
@@ -72,13 +79,13 @@ def test_every_exercise_has_a_difficulty_minutes_and_two_hints(capsys):
         assert ex.hints[0] in one and ex.hints[1] in two and ex.hints[0] != ex.hints[1]
         rungs = len(ex.hints)
         assert f"hint 1/{rungs}" in one and f"hint 2/{rungs}" in two and ex.stars in one
-    checks.hint("kda_step", 2)
-    assert "g.exp()[:, None]" in capsys.readouterr().out     # the formula lives in the hint ...
+    checks.hint("kda_step", 3)
+    assert "g.exp()[:, None]" in capsys.readouterr().out     # the code lives in the last hint ...
     assert "g.exp()[:, None]" not in checks.check_kda_step.expects   # ... not in the "not done yet" spec
 
 
 def test_hint_says_what_is_wrong_with_a_bad_name_or_level():
-    with pytest.raises(ValueError, match="no exercise called 'nope'; the exercises are 1.1"):
+    with pytest.raises(ValueError, match="no exercise called 'nope'; the exercises are 0.1"):
         checks.hint("nope")
     with pytest.raises(ValueError, match="hint level for 1.1 is 1 to [23], got 4"):
         checks.hint("1.1", 4)
@@ -97,6 +104,80 @@ def fails_with(check, fn, *fragments):
     for fragment in fragments:
         assert fragment in message, f"expected {fragment!r} in:\n{message}"
     return message
+
+
+# ---------------------------------------------------------------------------- lesson 0
+
+
+def attention_with(q, k, v, scale=None, allowed=lambda t, s: s <= t, over=-1):
+    """Softmax attention [T, H, *] with a chosen scale, mask and softmax axis: the mistakes of 0.1 and 0.2."""
+    T, D = q.shape[0], q.shape[-1]
+    scores = torch.einsum("thd,shd->hts", q, k) * (D ** -0.5 if scale is None else scale)
+    mask = allowed(torch.arange(T)[:, None], torch.arange(T)[None, :])
+    probs = torch.nan_to_num(scores.masked_fill(~mask, float("-inf")).softmax(over), nan=0.0)
+    return torch.einsum("hts,shv->thv", probs, v)
+
+
+def test_causal_attention_mistakes_are_named():
+    fails_with(checks.check_causal_attention, lambda q, k, v: attention_with(q, k, v, allowed=lambda t, s: s >= 0),
+               "without the causal mask", "s > t")
+    fails_with(checks.check_causal_attention, lambda q, k, v: attention_with(q, k, v, scale=1.0), "left out the scale")
+    fails_with(checks.check_causal_attention, lambda q, k, v: attention_with(q, k, v, scale=1.0 / q.shape[-1]),
+               "divided by D", "1/√D")
+    fails_with(checks.check_causal_attention, lambda q, k, v: attention_with(q, k, v, allowed=lambda t, s: s >= t),
+               "wrong way round")
+    fails_with(checks.check_causal_attention, lambda q, k, v: attention_with(q, k, v, over=-2), "over the queries")
+    strict = lambda q, k, v: torch.einsum(  # noqa: E731  (a query that cannot see itself: row 0 is all -inf)
+        "hts,shv->thv", torch.einsum("thd,shd->hts", q, k).masked_fill(
+            ~(torch.arange(len(q))[None, :] < torch.arange(len(q))[:, None]), float("-inf")).softmax(-1), v)
+    fails_with(checks.check_causal_attention, strict, "NaN", "itself included")
+    fails_with(checks.check_causal_attention, lambda q, k, v: attention_with(q, k, v)[:, :, :1], "out has shape")
+
+
+def test_decode_step_mistakes_are_named():
+    def read_before_append(cache, q, k, v):
+        probs = (torch.einsum("hd,shd->hs", q, cache[0]) / q.shape[-1] ** 0.5).softmax(-1)
+        o = torch.einsum("hs,shv->hv", probs, cache[1])
+        return o, (torch.cat([cache[0], k[None]]), torch.cat([cache[1], v[None]]))
+
+    def new_row_first(cache, q, k, v):
+        o, (K, V) = solutions.decode_step(cache, q, k, v)
+        return o, (K.roll(1, 0), V.roll(1, 0))
+
+    def only_the_last(cache, q, k, v):
+        o, (K, V) = solutions.decode_step(cache, q, k, v)
+        return o, (K[-1:], V[-1:])
+
+    def no_scale(cache, q, k, v):
+        return solutions.decode_step(cache, q * q.shape[-1] ** 0.5, k, v)
+
+    fails_with(checks.check_decode_step, read_before_append, "read before appending", "Append, then read")
+    fails_with(checks.check_decode_step, new_row_first, "new key first")
+    fails_with(checks.check_decode_step, only_the_last, "the new K has shape", "grows by one")
+    fails_with(checks.check_decode_step, no_scale, "1/√D")
+    fails_with(checks.check_decode_step, lambda cache, q, k, v: solutions.decode_step(cache, q, k, v)[0],
+               "Return two things")
+
+
+def test_kv_cache_bytes_mistakes_are_named():
+    def values(cfg, t):
+        return t * cfg.num_layers * cfg.mla_heads * (cfg.qk_head_dim + cfg.v_head_dim)
+
+    def keys_only(cfg, t):
+        return t * cfg.num_layers * cfg.mla_heads * cfg.qk_head_dim * cfg.dtype_bytes
+
+    def mla_layers_only(cfg, t):
+        return t * len(cfg.mla_layers) * cfg.mla_heads * (cfg.qk_head_dim + cfg.v_head_dim) * cfg.dtype_bytes
+
+    def latent(cfg, t):
+        return t * len(cfg.mla_layers) * cfg.mla_cache_width * cfg.dtype_bytes
+
+    fails_with(checks.check_kv_cache_bytes, values, "values, not bytes")
+    fails_with(checks.check_kv_cache_bytes, keys_only, "not both")
+    fails_with(checks.check_kv_cache_bytes, mla_layers_only, "only the 24 MLA layers")
+    fails_with(checks.check_kv_cache_bytes, latent, "MLA's latent cache")
+    fails_with(checks.check_kv_cache_bytes, lambda cfg, t: t * cfg.num_layers * 2 * cfg.hidden_size * cfg.dtype_bytes,
+               "hidden size")
 
 
 # ---------------------------------------------------------------------------- lesson 1
@@ -424,6 +505,37 @@ def test_ep_bytes_mistakes_are_named():
 # ---------------------------------------------------------------------------- lesson 6
 
 
+def test_decode_roofline_mistakes_are_named():
+    ref = solutions.decode_roofline
+
+    def with_bytes(change):
+        return lambda m, b, t, f, bw, pk: {**ref(m, b, t, f, bw, pk), "bytes": change(m, b, t, ref(m, b, t, f, bw, pk)["bytes"])}
+
+    fails_with(checks.check_decode_roofline, with_bytes(lambda m, b, t, v: v - b * m.state_bytes), "read AND written back")
+    fails_with(checks.check_decode_roofline, with_bytes(lambda m, b, t, v: v - 2 * b * m.state_bytes), "state is missing")
+    fails_with(checks.check_decode_roofline, with_bytes(lambda m, b, t, v: v + (b - 1) * m.dense_bytes), "once per step")
+    fails_with(checks.check_decode_roofline, with_bytes(
+        lambda m, b, t, v: v - m.moe_layers * m.num_experts * (1 - (1 - m.top_k / m.num_experts) ** b) * m.expert_bytes
+        + m.moe_layers * m.num_experts * m.expert_bytes), "Not every expert")
+    fails_with(checks.check_decode_roofline, with_bytes(
+        lambda m, b, t, v: v - m.moe_layers * m.num_experts * (1 - (1 - m.top_k / m.num_experts) ** b) * m.expert_bytes
+        + m.moe_layers * b * m.top_k * m.expert_bytes), "share experts")
+    fails_with(checks.check_decode_roofline, lambda m, b, t, f, bw, pk: {**ref(m, b, t, f, bw, pk), "flops": f},
+               "its own token's FLOPs")
+    raw = lambda m, b, t, f, bw, pk: {**ref(m, b, t, f, bw, pk),  # noqa: E731
+                                      "bound": "compute" if b * f > ref(m, b, t, f, bw, pk)["bytes"] else "memory"}
+    fails_with(checks.check_decode_roofline, raw, "compare the TIMES")
+    fails_with(checks.check_decode_roofline, lambda *a: (1, 2, "memory"), 'keys "bytes", "flops" and "bound"')
+
+
+def test_decode_roofline_sees_both_bounds():
+    """The check's cases include a compute-bound step (else a function answering "memory" always would pass)."""
+    fails_with(checks.check_decode_roofline, lambda *a: {**solutions.decode_roofline(*a), "bound": "memory"},
+               "compute-bound")
+    fails_with(checks.check_decode_roofline, lambda *a: {**solutions.decode_roofline(*a), "bound": "compute"},
+               "memory-bound")
+
+
 def test_sublayer_order_mistakes_are_named():
     def every_fourth_only(cfg):
         order = ["embed"]
@@ -452,6 +564,57 @@ def test_num_sources_mistakes_are_named():
 
     fails_with(checks.check_num_sources, no_partial, "forgot the partial sum")
     fails_with(checks.check_num_sources, full, "Full AttnRes")
+
+
+# ---------------------------------------------------------------------------- lesson 8
+
+
+def test_weighted_loss_mistakes_are_named():
+    def ce(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: ce(lg, t).mean(), "plain mean", "Σ w·ce / Σ w")
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: (ce(lg, t) * w.reshape(-1)).mean(), "number of positions")
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: (ce(lg, t) * w.reshape(-1)).sum(), "weighted sum")
+    fails_with(checks.check_weighted_loss, lambda lg, t, w: "loss", "should be a number")
+
+
+def test_lr_at_mistakes_are_named():
+    def from_zero(step, steps, lr, warmup):
+        return lr * step / warmup if step < warmup else solutions.lr_at(step, steps, lr, warmup)
+
+    def to_zero(step, steps, lr, warmup):
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    def progress_from_zero(step, steps, lr, warmup):
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
+
+    fails_with(checks.check_lr_at, from_zero, "starts at 0", "(step + 1)")
+    fails_with(checks.check_lr_at, to_zero, "decays to 0", "lr / 10")
+    fails_with(checks.check_lr_at, progress_from_zero, "end of the warm-up")
+
+
+def test_wilson_interval_mistakes_are_named():
+    def wald(hits, n, z=1.96):
+        p = hits / n
+        half = z * math.sqrt(p * (1 - p) / n)
+        return max(0.0, p - half), min(1.0, p + half)
+
+    def no_floor(hits, n, z=1.96):
+        p = hits / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n)
+        return max(0.0, centre - half), min(1.0, centre + half)
+
+    fails_with(checks.check_wilson_interval, wald, "Wald", "single point")
+    fails_with(checks.check_wilson_interval, no_floor, "z²/(4n²)")
+    fails_with(checks.check_wilson_interval, lambda h, n, z=1.96: solutions.wilson_interval(h, n)[::-1],
+               "low is above your high")
+    fails_with(checks.check_wilson_interval, lambda h, n, z=1.96: h / n, "Return two numbers")
 
 
 # ---------------------------------------------------------------------------- workshop helpers

@@ -109,3 +109,17 @@ def test_reset_head_mistakes_are_named():
     fails_with(checks.check_reset_head, state_only, "conv tail is unchanged")
     fails_with(checks.check_reset_head, q_only, "q channels only")
     fails_with(checks.check_reset_head, interleaved, "q | k | v (each head-major)")
+
+
+@pytest.mark.parametrize("wrap", [lambda v: torch.tensor(v), lambda v: torch.tensor([v]),
+                                  lambda v: torch.tensor(v).numpy()], ids=["0-d tensor", "1-element tensor", "numpy 0-d"])
+def test_kl_refuses_a_tensor_where_the_spec_asks_for_a_float(wrap):
+    """The right value, returned as a tensor or array instead of a float, fails with a message that says so."""
+    fails_with(checks.check_kl, lambda p, q: wrap(solutions.kl(p, q)), "plain Python float", ".item()")
+
+
+def test_kl_refuses_a_bool_and_accepts_a_numpy_float():
+    fails_with(checks.check_kl, lambda p, q: True, "Return one number")
+    import numpy as np
+
+    checks.check_kl(lambda p, q: np.float64(solutions.kl(p, q)))     # np.float64 is a float: accepted

@@ -148,7 +148,7 @@ def test_every_view_is_the_same_from_the_store_and_from_the_plain_records(frames
                     assert _text(render.state_heatmap(a.state[h]), color) == _text(render.state_heatmap(b.state[h]), color)
                     assert _text(render.decay_beta_bars(a, h), color) == _text(render.decay_beta_bars(b, h), color)
         for color in (True, False):
-            assert _text(render.depth_heatmap(stored), color) == _text(render.depth_heatmap(plain), color)
+            assert _text(render.depth_map(stored), color) == _text(render.depth_map(plain), color)
             assert _text(render.memory_bars(stored, cfg), color) == _text(render.memory_bars(plain, cfg), color)
 
 

@@ -3,6 +3,7 @@ offline set-up's refusals, and a learner's bundle without the solutions."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,8 +67,44 @@ def test_bundle_is_a_learner_copy_without_solutions(tmp_path):
     solutions = [p.read_text() for p in (ROOT / "lessons" / "solutions").glob("lesson*.py")]
     body = solutions[0].split('"""', 2)[2].strip().splitlines()[-1]      # a line of a reference solution
     assert not any(body in (dest / f).read_text(errors="ignore") for f in files if f.endswith(".py"))
+    for readme in ("README.md", "lessons/README.md"):        # what a learner reads first speaks to learners only
+        text = (dest / readme).read_text()
+        for absent in ("dev.py test", "tests/", "INSTRUCTOR", "solutions/", "TINY_K3_SOLUTIONS", "pytest"):
+            assert absent not in text, f"the learners' {readme} mentions {absent!r}, which their copy does not have"
+        named = set(re.findall(r"`((?:lessons|docs)/[\w./-]+\.(?:py|md))`", text))
+        assert all((dest / path).is_file() for path in named), (readme, sorted(named))   # it points at what is there
+        assert named or readme != "README.md", "the bundle's README names the lesson files"
+    assert (dest / "README.md").read_text() == learner_readme_of(dest)
     again = dev("bundle", str(dest))
     assert again.returncode == 2 and "is not empty" in again.stderr
+
+
+def learner_readme_of(root: Path) -> str:
+    sys.path.insert(0, str(ROOT))
+    import dev as dev_module
+
+    return dev_module.learner_readme(root)
+
+
+def test_the_learners_readme_lists_every_lesson_and_counts_them(tmp_path):
+    """The bundle's README names each lesson file once, with the title its first heading gives, and its count word
+    is the number of lessons; lessons/README.md's table has one row per lesson file and says the same count."""
+    sys.path.insert(0, str(ROOT))
+    import dev as dev_module
+
+    (tmp_path / "lessons").mkdir()
+    for name, title in (("01_a.py", "Lesson 1 — A"), ("02_b.py", "Lesson 2 — B"), ("03_c.py", "Lesson 3 — C")):
+        (tmp_path / "lessons" / name).write_text(f"# %% [markdown]\n# # {title}\n")
+    text = dev_module.learner_readme(tmp_path)
+    assert "and three lessons that use it" in text
+    assert [line for line in text.splitlines() if line.startswith("- `lessons/")] == [
+        "- `lessons/01_a.py`: Lesson 1 — A", "- `lessons/02_b.py`: Lesson 2 — B", "- `lessons/03_c.py`: Lesson 3 — C"]
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    lessons = sorted(p.name for p in (ROOT / "lessons").glob("0[0-9]_*.py"))
+    guide = (ROOT / "lessons" / "README.md").read_text()
+    rows = re.findall(r"^\| \d+ \| `(0\d_\w+\.py)` \|", guide, re.M)
+    assert rows == lessons, f"lessons/README.md's table lists {rows}; lessons/ has {lessons}"
+    assert guide.split("\n\n")[1].lower().startswith(f"{words[len(lessons)]} lessons"), guide[:200]
 
 
 def test_bundle_refuses_a_folder_inside_the_repository():

@@ -16,11 +16,11 @@ from tiny_k3 import ConfigError, K3Config, TinyK3, parameter_breakdown, paramete
 from tiny_k3.__main__ import main as cli
 from tiny_k3.config import COUNTED_ONLY, LINEAGE_PRESETS
 from tiny_k3.kda import KDALayer
-from tiny_k3.lineage import cache_size, diff, format_diff
+from tiny_k3.lineage import cache_size, diff
 from tiny_k3.mla import GatedMLA, apply_rope, rope_angles
 from tiny_k3.moe import GatedMLP, LatentMoE, PlainMoE, situ_glu, swiglu
 
-DECODE, PREFILL = 1 << 62, 0   # LatentMoE.gather_max_elements values that force one expert path
+DECODE, PREFILL = "gathered", "sorted"   # mix_experts' two paths (moe_fast.py's stage "pairs"), forced
 
 
 def _randomise(module: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
@@ -48,10 +48,10 @@ def test_swiglu_is_silu_gate_times_up_and_the_dense_mlp_uses_it():
 
 
 @pytest.mark.parametrize("path", [DECODE, PREFILL])
-def test_plain_moe_equals_a_loop_over_all_experts(path, monkeypatch):
+def test_plain_moe_equals_a_loop_over_all_experts(path):
     cfg = K3Config.preset("kimi-linear-tiny", num_experts=32, top_k=4)
     moe = _randomise(PlainMoE(cfg, dtype=torch.float64), std=0.2)
-    monkeypatch.setattr(moe, "gather_max_elements", path)
+    moe.fast.force(pairs=path)
     x = torch.randn(2, 5, cfg.hidden_size, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     routing = moe.router(x)
     expected = torch.zeros_like(x)
@@ -339,8 +339,6 @@ def test_diff_k2_to_k3_names_every_change_with_its_deltas():
     sized = [d for d in diff(k2, k3) if d.unit == "params" and d.part not in ("total parameters", "active per token")]
     assert sum(d.delta for d in sized) == t3 - t2                         # the parts add up to the total
     assert all(not d.changed for d in diff(k3, k3))
-    text = format_diff(k2, k3, changed_only=True)
-    assert "KV cache per token: 70,272 B" in text and "-42,624 B" in text and "vocabulary" not in text
 
 
 def test_diff_command_prints_the_table_and_rejects_unknown_presets():
@@ -350,6 +348,11 @@ def test_diff_command_prints_the_table_and_rejects_unknown_presets():
     text = out.getvalue()
     for needle in ("20 KDA + 7 MLA", "69 KDA + 24 MLA", "rank 128", "full rank", "+19,584 B", "SwiGLU"):
         assert needle in text, needle
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli(["diff", "k2", "k3", "--changed"]) == 0
+    text = out.getvalue()
+    assert "70,272 B" in text and "-42,624 B" in text and "vocabulary" not in text   # only the changed parts
     out = io.StringIO()
     with redirect_stdout(out):
         assert cli(["diff", "k4", "k3"]) == 2

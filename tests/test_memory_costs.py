@@ -44,6 +44,25 @@ def test_hybrid_reduction():
     assert memory.hybrid_reduction(K3) == pytest.approx(1 - 24 / 93)
     assert round(100 * memory.hybrid_reduction(K3), 1) == 74.2
     assert 1 - memory.kv_bytes_per_token(K3) / memory.kv_bytes_per_token(K3.twin()) == pytest.approx(1 - 24 / 93)
+    assert memory.kv_reduction(K3, K3Config.preset("k2")) == pytest.approx(1 - 27_648 / 70_272)   # 60.7% (§5a)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "k3-topo", "k3"])
+def test_crossover_is_the_first_token_count_where_the_hybrid_holds_less(preset):
+    cfg = K3Config.preset(preset)
+    n = memory.crossover_tokens(cfg)
+
+    def smaller(t):
+        return sum(memory.cache_bytes(cfg, t)) < sum(memory.cache_bytes(cfg.twin(), t))
+
+    assert n is not None and smaller(n) and not smaller(n - 1)
+    assert all(smaller(t) for t in (n + 1, 2 * n, memory.MIB_CONTEXT))   # and it stays below from there
+    if n < 5_000:                                                         # the small presets: a plain scan
+        assert n == next(t for t in range(1, 5_000) if smaller(t))
+
+
+def test_no_crossover_without_kda_layers():
+    assert memory.crossover_tokens(K3Config.preset("tiny").twin()) is None
 
 
 def test_mha_baseline_and_projection():

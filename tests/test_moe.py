@@ -1,5 +1,6 @@
 """Router, SiTU-GLU and latent MoE (tiny_k3/moe.py) against their definitions (k3_facts.md §1c, §1d, §3b)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -7,7 +8,9 @@ import torch
 from torch.nn import functional as F
 
 from tiny_k3.config import K3Config
-from tiny_k3.moe import GatedMLP, LatentMoE, Router, Routing, _two_stage_plan, route, situ_glu, top_k_ids
+from tiny_k3.moe import GatedMLP, LatentMoE, Router, Routing, route, situ_glu
+from tiny_k3.moe_fast import CPU_COSTS, STAGES, FastPaths
+from tiny_k3.topk import top_k_ids, two_stage_plan
 from tiny_k3.probe import Recorder, TraceRecorder
 
 from decisions import assert_decisive
@@ -21,14 +24,13 @@ SCORE_RTOL = 1e-12
 DECIDED = 1e-9
 AT_1_AND_2_THREADS = pytest.mark.usefixtures("torch_threads")   # (tests/conftest.py) the fast-path tests below
 
-DECODE, PREFILL = 1 << 62, 0   # values of LatentMoE.gather_max_elements that force one code path
-TILES = -1                     # PREFILL with pad_max_ratio = 0: the sorted pairs cut into tiles, never padded
-PADDED = -2                    # PREFILL with a huge pad_max_ratio: every expert padded to the busiest one
+# `mix_experts`' paths (the table's stages "pairs" and "sorted", tiny_k3/moe_fast.py), forced where they apply:
+# each token's experts copied side by side; sorted by expert, as the table picks; in tiles; padded.
+GATHERED, SORTED, TILES, PADDED = "gathered", "sorted", "tiles", "padded"
 
 
 def _use_path(moe, path):
-    moe.gather_max_elements = PREFILL if path in (TILES, PADDED) else path
-    moe.pad_max_ratio = {TILES: 0, PADDED: 1 << 30}.get(path, moe.pad_max_ratio)
+    moe.fast.force(pairs=GATHERED if path == GATHERED else SORTED, sorted=path if path in (TILES, PADDED) else None)
 
 
 # ---------------------------------------------------------------------------------------------- route
@@ -84,7 +86,7 @@ def test_route_rejects_bad_top_k_and_bias():
 @pytest.mark.parametrize("experts, k", [(896, 16), (112, 2), (448, 8), (120, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_top_k_ids_is_topk_exactly_ties_nan_and_blocked_rows_included(experts, k, dtype):
-    assert _two_stage_plan(experts, k) is not None                  # these shapes take the two-stage path
+    assert two_stage_plan(experts, k) is not None                  # these shapes take the two-stage path
     gen = torch.Generator().manual_seed(experts + k)
     rows = 300
     biased = torch.sigmoid(3 * torch.randn(rows, experts, generator=gen, dtype=dtype))
@@ -106,13 +108,13 @@ def test_top_k_ids_is_topk_exactly_ties_nan_and_blocked_rows_included(experts, k
     assert torch.equal(top_k_ids(few, k), few.topk(k, dim=-1).indices)
 
 
-def test_two_stage_plan_splits_rows_into_groups_or_declines():
-    assert _two_stage_plan(896, 16) == (7, 128)                     # 128 maxima + 17 groups of 7 = 247 of 896
-    size, groups = _two_stage_plan(112, 2)
+def testtwo_stage_plan_splits_rows_into_groups_or_declines():
+    assert two_stage_plan(896, 16) == (7, 128)                     # 128 maxima + 17 groups of 7 = 247 of 896
+    size, groups = two_stage_plan(112, 2)
     assert size * groups == 112 and groups >= 3
-    assert _two_stage_plan(56, 1) is None                           # top-1: topk is one max scan already
-    assert _two_stage_plan(32, 8) is None                           # saves too little
-    assert _two_stage_plan(97, 4) is None                           # a prime: no groups
+    assert two_stage_plan(56, 1) is None                           # top-1: topk is one max scan already
+    assert two_stage_plan(32, 8) is None                           # saves too little
+    assert two_stage_plan(97, 4) is None                           # a prime: no groups
 
 
 # ---------------------------------------------------------------------------------------------- SiTU-GLU
@@ -227,7 +229,7 @@ def _moe(preset: str, seed: int = 0, **overrides) -> LatentMoE:
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-@pytest.mark.parametrize("path", [DECODE, PREFILL, TILES, PADDED])
+@pytest.mark.parametrize("path", [GATHERED, SORTED, TILES, PADDED])
 @pytest.mark.parametrize("shape", [(1, 1), (2, 3), (2, 64)])
 def test_sparse_forward_equals_all_experts(preset, path, shape):
     moe = _moe(preset)
@@ -242,7 +244,7 @@ def test_sparse_forward_equals_all_experts(preset, path, shape):
 @pytest.mark.parametrize("pad_max_ratio", [0, 3, 1 << 30])
 def test_default_path_choice_covers_both_and_gradients_match_the_oracle(pad_max_ratio):
     moe = _moe("tiny")
-    moe.pad_max_ratio = pad_max_ratio                               # the sorted path tiled, as chosen, padded
+    moe.fast.costs = dataclasses.replace(CPU_COSTS, pad_max_ratio=pad_max_ratio)   # tiled, as chosen, padded
     for tokens in (1, 300):                                         # decode path, then the sorted path
         x = torch.randn(1, tokens, moe.config.hidden_size, dtype=torch.float64)
         sparse = torch.autograd.grad(moe(x).square().sum(), list(moe.parameters()))
@@ -251,7 +253,7 @@ def test_default_path_choice_covers_both_and_gradients_match_the_oracle(pad_max_
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=name)
 
 
-@pytest.mark.parametrize("path", [DECODE, TILES, PADDED])
+@pytest.mark.parametrize("path", [GATHERED, TILES, PADDED])
 def test_only_the_chosen_experts_are_computed(path):
     # (PADDED runs every expert, unchosen ones on zero rows only; those rows are never read back)
     moe = _moe("small")
@@ -324,7 +326,7 @@ def test_gated_mlp_shapes_and_formula():
     torch.testing.assert_close(mlp(x), expected)
 
 
-@pytest.mark.parametrize("path", [DECODE, TILES, PADDED])
+@pytest.mark.parametrize("path", [GATHERED, TILES, PADDED])
 def test_mix_experts_takes_any_pairs_to_rows(path):
     """Pairs with an explicit row (some rows with several pairs, some with none) give the per-pair sum;
     token-major pairs without rows are the same as rows p // k."""
@@ -355,11 +357,11 @@ def test_one_token_fast_path_equals_the_general_path_and_all_experts(preset, act
     moe = _moe(preset, mlp_act=act)
     x = torch.randn(1, 1, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
-        assert moe._can_decode_token(x)
+        assert _decodes(moe, x)
         recorder = TraceRecorder()
         fast = moe(x, recorder=recorder, layer=2)
         _use_general_path(moe)
-        assert not moe._can_decode_token(x)
+        assert not _decodes(moe, x)
         reference_recorder = TraceRecorder()
         reference = moe(x, recorder=reference_recorder, layer=2)
     _assert_same_as_reference(moe, x, fast, recorder, reference, reference_recorder)
@@ -367,7 +369,11 @@ def test_one_token_fast_path_equals_the_general_path_and_all_experts(preset, act
 
 
 def _use_general_path(moe):
-    moe.gather_max_elements, moe.fuse_tokens = 0, False              # neither inference fast path
+    moe.fast.force(forward="general", pairs=SORTED)                 # no inference fast path, no copied experts
+
+
+def _decodes(moe, x) -> bool:
+    return moe.fast.forward_path(x)[0] == "decode"
 
 
 def _assert_same_as_reference(moe, x, fast, recorder, reference, reference_recorder):
@@ -406,20 +412,22 @@ def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
         torch.testing.assert_close(blocked, moe(x, layer=1, hooks=hooks), rtol=0, atol=1e-12)
         torch.testing.assert_close(forced, moe(x, layer=1, hooks=Hooks(forced_experts={1: (3, 5, 7)})), rtol=0, atol=1e-12)
     graded = moe(x)                                                    # autograd on: the general path
-    assert graded.requires_grad and not moe._can_decode_token(x)
+    assert graded.requires_grad and not _decodes(moe, x)
 
 
 # ---------------------------------------------------------------------------------------------- many-token fast path
 @AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])
-@pytest.mark.parametrize("sampled, pad_max_ratio", [(True, 4), (False, 1 << 30), (False, 4), (False, 0)])
-def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, act, sampled, pad_max_ratio):
-    # sampled products; else the padded columns: always padded, as chosen, the tiles
+@pytest.mark.parametrize("paths", [dict(experts="sampled"), dict(experts="columns", padding="columns"),
+                                   dict(experts="columns"), dict(experts="columns", padding="pairs", sorted=TILES),
+                                   dict(experts="columns", padding="pairs", pairs=GATHERED)])
+def test_many_token_fast_path_equals_the_general_path_and_all_experts(preset, act, paths):
+    # sampled products; else the padded columns: always padded, as chosen, mix_experts (tiles, copied experts)
     moe = _moe(preset, mlp_act=act)
-    moe.sampled_products, moe.pad_max_ratio = sampled, pad_max_ratio
+    moe.fast.force(**paths)
     x = torch.randn(2, 40, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
-        assert moe._can_fuse(x) and not moe._can_decode_token(x)
+        assert (moe.fast.fused_weights(x) is not None) and not _decodes(moe, x)
         recorder = TraceRecorder()
         fast = moe(x, recorder=recorder, layer=2)
         fast_load = moe.last_load
@@ -436,7 +444,7 @@ def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32(s
     from tiny_k3.hooks import Hooks
 
     moe = _moe("tiny")
-    moe.sampled_products, moe.pad_max_ratio = sampled, 1 << 30
+    moe.fast.force(experts="sampled" if sampled else "columns", padding="columns")
     x = torch.randn(1, 30, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         chosen = int(moe.router(x).expert_ids[0, 0, 0])
@@ -462,14 +470,14 @@ def test_many_token_fast_path_follows_hooks_weight_changes_and_runs_in_float32(s
     assert (after - before).abs().max() > 1e-3
     assert chosen not in fast["blocked"][1][0, 0].tolist() and fast["forced"][1].shape == (1, 30, 3)
     single = LatentMoE(moe.config)                                   # float32, as the simulator runs it
-    single.sampled_products = sampled
+    single.fast.force(experts="sampled" if sampled else "columns")
     x32 = torch.randn(1, 50, moe.config.hidden_size)
     with torch.no_grad():
         quick = single(x32)
-        single.fuse_tokens = False
+        single.fast.force(forward="general")
         torch.testing.assert_close(quick, single(x32), rtol=1e-5, atol=1e-6)
     graded = moe(x)                                                   # autograd on: the general path
-    assert graded.requires_grad and not moe._can_fuse(x)
+    assert graded.requires_grad and not (moe.fast.fused_weights(x) is not None)
 
 
 @pytest.mark.parametrize("act", ["situ", "swiglu"])
@@ -483,36 +491,36 @@ def test_decode_output_reads_its_scale_on_the_host_or_keeps_it_a_tensor(act):
         moe.latent_norm.weight.normal_(1.0, 0.3, generator=gen)                  # folded into W_up: not all ones
         expected = moe.up(moe.latent_norm(cap * y)) + moe.shared.w2(cap * shared)       # what the step stands for
         for on_host in (True, False):
-            out_weight = moe._fused_weights(torch.zeros(1, 1, moe.config.hidden_size, dtype=torch.float64))[1]
-            torch.testing.assert_close(moe._decode_output(y, shared, out_weight, on_host), expected, rtol=0, atol=1e-12)
+            out_weight = moe.fast.fused_weights(torch.zeros(1, 1, moe.config.hidden_size, dtype=torch.float64))[1]
+            torch.testing.assert_close(moe.fast.decode_output(y, shared, out_weight, on_host), expected, rtol=0,
+                                       atol=1e-12)
     assert expected.abs().mean() > 0.1
 
 
 @AT_1_AND_2_THREADS
-def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_experts(monkeypatch):
+def test_many_token_fast_path_splits_at_any_width_with_the_late_pairs_on_copied_experts():
     moe = _moe("tiny")
-    moe.sampled_products, moe.pad_max_ratio = False, 1 << 30
+    moe.fast.force(experts="columns", padding="columns")
     x = torch.randn(2, 60, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         counts = torch.bincount(moe.router(x).expert_ids.reshape(-1), minlength=moe.config.num_experts)
         most = int(counts.max())
-        assert most >= 4 and moe._tier_width(counts) == (most, most)    # cheap columns: one product, no split
+        m, l = moe.w1.shape[1:]
+        assert most >= 4 and moe.fast.costs.tier_width(counts, m, l) == (most, most)   # cheap columns: no split
         expected = moe.dense_reference(x)
         for width in range(1, most + 1):                                # width < most: a second product
-            monkeypatch.setattr(moe, "_tier_width", lambda counts, width=width: (width, most))
+            moe.fast.width = width
             torch.testing.assert_close(moe(x), expected, rtol=0, atol=1e-12, msg=f"width {width}")
 
 
 @AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset, shape", [("tiny", (3, 7)), ("small", (2, 33)), ("small", (1, 2))])
 @pytest.mark.parametrize("sparse_rows", [True, False])   # down products: one sparse-dense product, sampled
-def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_experts(preset, shape, sparse_rows,
-                                                                                      monkeypatch):
+def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_experts(preset, shape, sparse_rows):
     from tiny_k3.hooks import Hooks
 
     moe = _moe(preset)
-    moe.sampled_products = True
-    monkeypatch.setattr(moe, "_sparse_rows_pay", lambda pairs: sparse_rows)
+    moe.fast.force(experts="sampled", down="sparse_rows" if sparse_rows else "sampled")
     E = moe.config.num_experts
     with torch.no_grad():
         moe.router.weight[1::2] = moe.router.weight[0::2]              # experts 2i, 2i+1 tie in every row...
@@ -532,10 +540,9 @@ def test_sampled_products_equal_the_general_path_with_ties_forced_k_and_unused_e
 
 
 @pytest.mark.parametrize("sparse_rows", [True, False])
-def test_sampled_products_start_from_zero_so_a_nan_dies_with_its_call(sparse_rows, monkeypatch):
+def test_sampled_products_start_from_zero_so_a_nan_dies_with_its_call(sparse_rows):
     moe = _moe("small")
-    moe.sampled_products = True
-    monkeypatch.setattr(moe, "_sparse_rows_pay", lambda pairs: sparse_rows)
+    moe.fast.force(experts="sampled", down="sparse_rows" if sparse_rows else "sampled")
     x = torch.randn(1, 20, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         before = moe(x)
@@ -567,46 +574,124 @@ def test_many_token_fast_path_records_scores_that_later_calls_leave_alone():
     torch.testing.assert_close(kept, recomputed, rtol=SCORE_RTOL, atol=0)
 
 
-def test_samples_pay_is_its_cost_model_on_the_cpu_only():
-    for preset, tokens, expected in [("small", 256, True), ("k3-topo", 256, True), ("mini-896/16", 64, True),
-                                     ("mini-896/16", 1024, False)]:
+def _pairs(preset: str, tokens: int) -> tuple[LatentMoE, int]:
+    moe = LatentMoE(K3Config.preset(preset), device="meta")
+    return moe, tokens * moe.config.top_k
+
+
+def test_the_table_picks_the_sampled_products_where_sparsity_pays_and_on_the_cpu_only():
+    # the presets' measured choices: few pairs over many experts take the sampled products, many pairs the columns
+    for preset, tokens, expected in [("small", 256, "sampled"), ("k3-topo", 256, "sampled"),
+                                     ("mini-896/16", 64, "sampled"), ("mini-896/16", 1024, "columns")]:
         moe = LatentMoE(K3Config.preset(preset))
-        E, m, l = moe.w1.shape
-        pairs = tokens * moe.config.top_k
-        sampled = pairs * (moe.sampled_us_per_dot * (2 * m + l) + moe.sampled_us_per_mac * 3 * m * l)
-        padded = (3 * E * (moe.padded_us_per_expert + moe.padded_us_per_element * m * l)
-                  + pairs * moe.padded_us_per_pair_element * (m + l))
-        assert (sampled < padded) == expected == moe._samples_pay(pairs), (preset, tokens, sampled, padded)
-        moe.sampled_products = not expected                              # a test's choice overrides the model
-        assert moe._samples_pay(pairs) == (not expected)
-    assert not LatentMoE(K3Config.preset("small"), device="meta")._samples_pay(4096)  # measured on the CPU only
+        pairs, E = tokens * moe.config.top_k, moe.config.num_experts
+        assert moe.fast.choose("experts", pairs=pairs, experts=E) == expected, (preset, tokens)
+        other = "columns" if expected == "sampled" else "sampled"
+        moe.fast.force(experts=other)                                     # a forced path wherever it applies
+        assert moe.fast.choose("experts", pairs=pairs, experts=E) == other
+        assert moe.fast.choose("experts", pairs=0, experts=E) == "columns"   # no pairs: nothing to sample
+    meta, pairs = _pairs("small", 4096)
+    meta.fast.force(experts="sampled")                                    # measured on the CPU: elsewhere
+    assert meta.fast.choose("experts", pairs=pairs, experts=meta.config.num_experts) == "columns"   # it never applies
 
 
 @pytest.mark.parametrize("kept", [True, False])    # W2 as rows kept between calls (no copy), or copied each call
-def test_sparse_rows_pay_is_its_cost_model(kept):
+def test_the_table_takes_the_sparse_dense_down_product_where_its_copy_pays(kept):
     for preset, tokens, expected in [("small", 256, True), ("small", 16, kept), ("k3-topo", 256, True),
                                      ("mini-896/16", 256, kept), ("mini-896/16", 1024, True)]:
-        moe = LatentMoE(K3Config.preset(preset), device="meta")
-        moe.keep_w2_rows = kept
-        E, l, m = moe.w2.shape
-        pairs = tokens * moe.config.top_k
-        sampled = pairs * l * moe.sampled_down_us_per_entry
-        rows = (0 if kept else E * m * l * moe.transpose_us_per_element) + pairs * m * l * moe.sparse_rows_us_per_mac
-        assert (rows < sampled) == expected == moe._sparse_rows_pay(pairs), (preset, tokens, rows, sampled)
+        moe, pairs = _pairs(preset, tokens)
+        moe.fast.keep_w2_rows = kept
+        path = moe.fast.choose("down", pairs=pairs, experts=moe.config.num_experts)
+        assert path == ("sparse_rows" if expected else "sampled"), (preset, tokens, kept)
+
+
+def test_each_row_of_the_table_holds_exactly_at_its_documented_bound():
+    moe = LatentMoE(K3Config.preset("small"), device="meta")
+    c = moe.config
+    m, l, k, E = c.moe_intermediate, c.latent_dim, c.top_k, c.num_experts
+    fast, choose = moe.fast, moe.fast.choose
+
+    def costs(**fields):
+        fast.costs = dataclasses.replace(CPU_COSTS, **fields)
+
+    costs(gather_max_elements=k * 3 * m * l)                              # forward: k * 3ml <= gather_max_elements
+    assert choose("forward", fused=True, tokens=1) == "decode"
+    assert choose("forward", fused=True, tokens=2) == "tokens"
+    assert choose("forward", fused=False, tokens=1) == "general"
+    costs(gather_max_elements=k * 3 * m * l - 1)
+    assert choose("forward", fused=True, tokens=1) == "tokens"
+    costs(gather_max_elements=5 * 3 * m * l)                              # pairs: P * 3ml <= gather_max_elements
+    assert choose("pairs", token_major=True, pairs=5) == "gathered"
+    assert choose("pairs", token_major=True, pairs=6) == choose("pairs", token_major=False, pairs=1) == "sorted"
+    costs(pad_max_ratio=3)                                                # E * width (busiest) <= ratio * P
+    assert choose("padding", pairs=E, experts=E, width=3) == "columns"
+    assert choose("padding", pairs=E, experts=E, width=4) == "pairs"
+    assert choose("padding", pairs=0, experts=E, width=0) == "pairs"
+    assert choose("sorted", pairs=E, experts=E, busiest=3) == "padded"
+    assert choose("sorted", pairs=E, experts=E, busiest=4) == "tiles"
+    costs(decode_mv_min_elements=m * l)                                   # m * l >= decode_mv_min_elements
+    assert choose("decode_down") == "one_product"
+    costs(decode_mv_min_elements=m * l + 1)
+    assert choose("decode_down") == "bmm"
+
+
+def test_the_decision_tables_docstring_lists_every_stage_and_path_in_order():
+    rows = [line.split("|")[1:3] for line in FastPaths.choose.__doc__.splitlines() if line.strip().startswith("| ")]
+    listed = [(stage.strip(), path.strip()) for stage, path in rows[1:]]          # (the header row first)
+    assert listed == [(stage, path) for stage, paths in STAGES.items() for path in paths]
+
+
+def test_force_names_a_stage_and_one_of_its_paths():
+    fast = _moe("tiny").fast
+    with pytest.raises(ValueError, match="unknown stage 'prefill'; the stages are forward, experts"):
+        fast.force(prefill="tokens")
+    with pytest.raises(ValueError, match="stage 'sorted' has no path 'gathered'; its paths are padded, tiles"):
+        fast.force(sorted="gathered")
+    fast.force(sorted=TILES)
+    fast.force(sorted=None)                                               # the table decides again
+    assert fast.forced == {}
+
+
+# every path of the table, forced where it applies: (the call that reaches it, what else it needs)
+REACH = {"forward": ((2, 9), {}), "experts": ((2, 9), {}), "padding": ((2, 9), {"experts": "columns"}),
+         "pairs": ((2, 9), {"forward": "general"}), "sorted": ((2, 9), {"forward": "general", "pairs": SORTED}),
+         "down": ((2, 9), {"experts": "sampled"}), "decode_down": ((1, 1), {})}
+
+
+@pytest.mark.parametrize("stage, path", [(stage, path) for stage, paths in STAGES.items() for path in paths])
+def test_every_path_of_the_table_runs_where_forced_and_gives_the_reference(stage, path, monkeypatch):
+    moe = _moe("small")
+    shape, needs = REACH[stage]
+    shape = (1, 1) if path == "decode" else shape
+    moe.fast.force(**needs, **{stage: path})
+    taken = []
+    choose = FastPaths.choose
+
+    def spy(self, stage, **facts):
+        taken.append((stage, choose(self, stage, **facts)))
+        return taken[-1][1]
+
+    monkeypatch.setattr(FastPaths, "choose", spy)
+    x = torch.randn(*shape, moe.config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        y = moe(x)
+        torch.testing.assert_close(y, moe.dense_reference(x), rtol=0, atol=1e-12)
+    assert (stage, path) in taken, taken
+    assert y.abs().mean() > 0.1
 
 
 @AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset", ["small", "mini-896/16"])
 def test_kept_w2_rows_equal_the_references_and_follow_every_change_of_w2(preset):
     moe = _moe(preset)
-    moe.sampled_products = True
-    assert moe._sparse_rows_pay(16 * moe.config.top_k)           # the kept rows make the sparse-dense product pay
+    moe.fast.force(experts="sampled")                             # the kept rows make the sparse-dense product pay:
+    assert moe.fast.choose("down", pairs=16 * moe.config.top_k, experts=moe.config.num_experts) == "sparse_rows"
     x = torch.randn(1, 40, moe.config.hidden_size, dtype=torch.float64)
     names = set(moe.state_dict())
     with torch.no_grad():
         first = moe(x)
-        rows = moe._w2_rows(x)
-        assert rows is moe._w2_rows(x)                              # kept between calls, not rebuilt
+        rows = moe.fast.w2_rows(x)
+        assert rows is moe.fast.w2_rows(x)                              # kept between calls, not rebuilt
         E, l, m = moe.w2.shape
         assert torch.equal(rows.view(E, m, l), moe.w2.transpose(1, 2))  # row e*m + i = W2_e[:, i]
         torch.testing.assert_close(first, moe.dense_reference(x), rtol=0, atol=1e-12)
@@ -616,19 +701,20 @@ def test_kept_w2_rows_equal_the_references_and_follow_every_change_of_w2(preset)
         torch.testing.assert_close(changed, moe.dense_reference(x), rtol=0, atol=1e-12)
         moe.load_state_dict(_moe(preset, seed=1).state_dict())    # a checkpoint load: copies into W2
         torch.testing.assert_close(moe(x), moe.dense_reference(x), rtol=0, atol=1e-12)
-        moe.keep_w2_rows = False                                   # a copy on every call: the same numbers
+        moe.fast.keep_w2_rows = False                              # a copy on every call: the same numbers
         torch.testing.assert_close(moe(x), moe.dense_reference(x), rtol=0, atol=1e-12)
     assert set(moe.state_dict()) == names                          # a cache, not state: the checkpoint keys stay
 
 
-def test_w2_rows_are_not_kept_for_inference_tensors(monkeypatch):
+def test_w2_rows_are_not_kept_for_inference_tensors():
     torch.manual_seed(0)
     with torch.inference_mode():                                   # weights made here have no version counter
         moe = LatentMoE(K3Config.preset("small"))
-        moe.sampled_products = True
+        moe.fast.force(experts="sampled")
         x = torch.randn(1, 32, moe.config.hidden_size)
-        assert not moe._w2_rows_kept() and not moe._sparse_rows_pay(32 * moe.config.top_k)  # the copy costs
-        monkeypatch.setattr(moe, "_sparse_rows_pay", lambda pairs: True)                  # run it anyway
+        down = moe.fast.choose("down", pairs=32 * moe.config.top_k, experts=moe.config.num_experts)
+        assert not moe.fast.w2_rows_kept() and down == "sampled"                          # the copy costs
+        moe.fast.force(down="sparse_rows")                                                # run it anyway
         fast = moe(x)
         moe.w2.mul_(2.0)                                           # unseen by a cache: none may be kept
         fast_changed = moe(x)
@@ -642,15 +728,15 @@ def test_tier_width_is_the_least_of_its_cost_model():
     E, most = counts.numel(), 12
 
     def cost(c):                                   # the docstring's model, by brute force
-        column = moe.column_us_per_element * moe.w1.shape[1] * moe.w1.shape[2]
+        column = costs.column_us_per_element * moe.w1.shape[1] * moe.w1.shape[2]
         above = int((counts > c).sum())
         if c == most:
             return E * most * column
-        return (E * (c + 1) + above * (most - c)) * column + moe.late_us + moe.late_us_per_expert * above
+        return (E * (c + 1) + above * (most - c)) * column + costs.late_us + costs.late_us_per_expert * above
 
     for scale in (1.0, 1e3, 1e5):                  # columns ever dearer than the second product's ops
-        moe.column_us_per_element = scale * LatentMoE.column_us_per_element
-        width, busiest = moe._tier_width(counts)
+        costs = dataclasses.replace(CPU_COSTS, column_us_per_element=scale * CPU_COSTS.column_us_per_element)
+        width, busiest = costs.tier_width(counts, *moe.w1.shape[1:])
         assert busiest == most and width == min(range(1, most + 1), key=lambda c: (cost(c), -c))
     assert width < most                             # dear columns: the busiest experts go to the second product
 
@@ -661,8 +747,8 @@ def test_fused_weights_follow_load_to_and_deepcopy_and_decline_other_layouts():
     moe = _moe("tiny")
     x = torch.randn(1, 1, moe.config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
-        first = moe._fused_weights(x)
-        assert first is not None and moe._fused_weights(x)[0] is first[0]          # kept between calls
+        first = moe.fast.fused_weights(x)
+        assert first is not None and moe.fast.fused_weights(x)[0] is first[0]          # kept between calls
         twin = copy.deepcopy(moe)
         other = _moe("tiny", seed=1)
         moe.load_state_dict(other.state_dict())                                   # in-place copies: rebuilt
@@ -671,8 +757,8 @@ def test_fused_weights_follow_load_to_and_deepcopy_and_decline_other_layouts():
             torch.testing.assert_close(fast, module.dense_reference(x), rtol=0, atol=1e-12)
         assert not torch.allclose(moe(x), twin(x))                               # each copy reads its own weights
         single = moe.to(torch.float32)                                            # new storage and dtype: rebuilt
-        assert single._fused_weights(x) is None                                   # x float64, weights float32
+        assert single.fast.fused_weights(x) is None                                   # x float64, weights float32
         x32 = x.float()
         torch.testing.assert_close(single(x32), single.dense_reference(x32), rtol=1e-5, atol=1e-6)
         single.up = torch.nn.Identity()                                           # not K3's layout: general path
-        assert single._fused_weights(x32) is None
+        assert single.fast.fused_weights(x32) is None

@@ -24,16 +24,18 @@ PROMPT = "a=3;"
 STEPS = 3
 
 
-def synthetic_config() -> K3Config:
+def synthetic_config(vocab_size: int = 300, num_layers: int = 4) -> K3Config:
     base = K3Config.preset("tiny", moe_intermediate=32, latent_dim=32, shared_intermediate=32, num_experts=56,
-                           top_k=4, vocab_size=300)          # expert widths a multiple of MXFP4's group of 32
+                           top_k=4, vocab_size=vocab_size,   # expert widths a multiple of MXFP4's group of 32
+                           num_layers=num_layers, layer_kinds=("kda", "kda", "kda", "mla") * (num_layers // 4))
     return K3Config.from_released(config_json_for(base))      # exactly what the stream will read back
 
 
-@pytest.fixture(scope="module")
-def release(tmp_path_factory):
-    config = synthetic_config()
-    torch.manual_seed(3)
+def synthetic_release(folder, vocab_size: int = 300, seed: int = 3, num_layers: int = 4):
+    """(config, model, folder): a TinyK3 with every weight off its init and MXFP4-rounded experts, written to
+    `folder` in the released layout (also used by tests/test_real_*.py)."""
+    config = synthetic_config(vocab_size, num_layers)
+    torch.manual_seed(seed)
     model = TinyK3(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -42,8 +44,12 @@ def release(tmp_path_factory):
         for moe in model.moe_layers():
             moe.router.bias.copy_(0.05 * torch.randn_like(moe.router.bias))
     mxfp4_rounded(model)
-    folder = write_checkpoint(model, tmp_path_factory.mktemp("release"))
-    return config, model, folder
+    return config, model, write_checkpoint(model, folder)
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    return synthetic_release(tmp_path_factory.mktemp("release"))
 
 
 def reference(model, monkeypatch) -> Simulation:
@@ -156,8 +162,8 @@ def test_the_command_prints_bytes_per_token_and_saves_the_frames(release, tmp_pa
     again.run(1)
     assert saved.meta["weights"] == saved.meta["weights_id"] == f"released {folder.name}"
     assert all(a.same_as(b) for a, b in zip(saved.frames, again.frames)) and len(saved.frames) == 4
-    with pytest.raises(ValueError, match="streamed from a released checkpoint"):
-        runfile.load(run)
+    assert saved.meta["tokenizer"]["name"].startswith("bytes")       # the run says which tokenizer it used
+    assert "tokenizer: bytes" in out and "truncated" not in out
     assert main_real([str(folder / "missing")], console) == 2
     assert "is not a folder" in console.export_text()
 
@@ -183,3 +189,22 @@ def test_the_table_of_a_synthetic_index_accounts_for_every_byte(release):
     bad = dict(index, weight_map={**index["weight_map"], "language_model.model.layers.0.extra.weight": "x"})
     with pytest.raises(ReleasedFormatError, match="outside the released layout"):
         summarize_index(bad, whole)
+
+
+def test_a_what_if_on_the_stream_is_the_what_if_on_tinyk3(release, monkeypatch):
+    from sim.interventions import AblateExpert, ResetState, UniformDepth
+    config, model, folder = release
+    real = RealSimulation(folder, PROMPT)
+    real.run(STEPS)
+    ref = reference(model, monkeypatch)
+    real.goto(len(PROMPT) + 1)
+    ref.goto(len(PROMPT) + 1)
+    chosen = int(real.frame.routing[0].expert_ids[0])
+    for changes in ((), (UniformDepth(),), (ResetState(),), (AblateExpert(config.moe_layers[0], chosen),)):
+        a, b = real.what_if(*changes, steps=2), ref.what_if(*changes, steps=2)
+        np.testing.assert_allclose(a.kl, b.kl, rtol=1e-3, atol=1e-7)
+        for fa, fb in zip(a.frames, b.frames, strict=True):
+            assert fa.token_id == fb.token_id
+            assert all(np.array_equal(ra.expert_ids, rb.expert_ids) for ra, rb in zip(fa.routing, fb.routing))
+    assert chosen not in real.what_if(AblateExpert(config.moe_layers[0], chosen)).frames[0].routing[0].expert_ids
+    assert real.what_if().kl[0] == 0                                  # no change is the original exactly

@@ -4,6 +4,8 @@ Rendered to Console(record=True) and checked on the text: without colour the pic
 (█▀▄ chosen experts, ░▒▓█ magnitudes), so counts can be read off the text.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from rich.console import Console
 from rich.jupyter import JupyterMixin
 
 from sim import Simulation, render
-from sim.frame import KDARecord, RoutingRecord
+from sim.frame import DepthRecord, KDARecord, RoutingRecord, depth_source_names
 from sim.memory import format_bytes, project_to_k3
 
 
@@ -117,20 +119,47 @@ def test_memory_bars_compare_hybrid_twin_and_the_k3_projection(frame):
     assert format_bytes(project_to_k3(1 << 20).twin) in text
 
 
-def test_depth_heatmap_has_a_row_per_depth_read(frame):
+def test_depth_map_has_a_row_per_depth_read_and_a_column_per_named_source(frame):
+    f, config = frame
+    lines = text_of(render.depth_map(f), width=120).splitlines()
+    assert len(lines) == len(f.depth) + 1                            # the column names, then one row per read
+    assert lines[0].split() == ["emb"] + [f"b{i}" for i in range(1, len(lines[0].split()) - 1)] + ["partial"]
+    assert lines[1].strip().startswith("L0 attn") and lines[-1].strip().startswith("out")
+    for line, d, names in zip(lines[1:], f.depth, f.depth_sources):
+        cells = line.split()[2 if d.site != "out" else 1:]          # after the label ("L0 attn" or "out")
+        seen = [c for c in cells if c != "·"]
+        assert len(seen) == len(names) == d.weights.size            # a shaded cell for every weight, no more
+    assert text_of(render.depth_map(f, lo=2, rows=3), width=120).splitlines()[1:] == lines[3:6]
+    marked = text_of(render.depth_map(f, marks={"L1 mlp": "+0.50"}), width=120)
+    assert [line for line in marked.splitlines() if "◀" in line] == [
+        next(line for line in lines if line.strip().startswith("L1 mlp")) + " ◀ +0.50"]
+
+
+def test_depth_source_names_follow_the_block_layout():
+    """Read j comes after j sublayer outputs: blocks of B close into b1, b2, ..., the rest is the partial sum."""
+    for B in (1, 2, 3):
+        names = depth_source_names("block", B, 9)
+        for j, row in enumerate(names):
+            assert row == ("emb", *(f"b{i}" for i in range(1, j // B + 1)), *(("partial",) * (j % B > 0)))
+    assert depth_source_names("full", 5, 3) == depth_source_names("block", 1, 3)
+    assert depth_source_names("standard", 12, 2) == (("emb",), ("emb",))
+
+
+def test_depth_map_needs_the_frames_source_names(frame):
     f, _ = frame
-    lines = text_of(render.depth_heatmap(f), width=120).splitlines()
-    assert len(lines) == len(f.depth) + 2                            # header + rows + legend
-    assert lines[1].strip().startswith("L0 attn") and lines[-2].strip().startswith("out")
-    n = f.depth[-1].weights.size
-    assert lines[-2].split(" ", 1)[1].strip() and len(lines[-2].rstrip()) == len(lines[-2].split("out")[0]) + 4 + 2 * n
+    with pytest.raises(ValueError, match="names the sources of 0 depth reads"):
+        render.depth_map(dataclasses.replace(f, depth_sources=()))
+    standard = dataclasses.replace(f, depth=tuple(DepthRecord(d.layer, d.site, np.zeros(0, np.float32), d.h_norm)
+                                                  for d in f.depth))
+    assert "standard residual" in text_of(render.depth_map(standard))
 
 
 def test_every_picture_renders_in_jupyter_and_in_colour(frame):
     f, config = frame
     pictures = [render.expert_grid(f.routing[0]), render.topk_table(f.routing[0]),
                 render.expert_load_bars(np.ones(112)), render.state_heatmap(f.kda[0].state[0]),
-                render.decay_beta_bars(f.kda[0], 1), render.memory_bars(f, config), render.depth_heatmap(f)]
+                render.decay_beta_bars(f.kda[0], 1), render.memory_bars(f, config), render.depth_map(f),
+                render.memory_table(f, config, 10), render.crossover_line(config, 3)]
     for p in pictures:
         assert text_of(p, color_system="truecolor").strip()
         assert isinstance(p, JupyterMixin) or hasattr(p, "_repr_mimebundle_") or hasattr(p, "renderables")

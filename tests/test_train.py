@@ -14,8 +14,8 @@ from tiny_k3.config import ConfigError
 from tiny_k3.corpus import CLASSES, RECALL_MARK, answer_mask, sample_corpus, token_class
 from tiny_k3.data import Rows, Stage, curriculum_rows, pack_lines, stage_of
 from tiny_k3.tokenizer import BOS
-from tiny_k3.train import (EVAL_SEED, evaluate, heldout_rows, lm_loss, load_checkpoint, save_checkpoint,
-                           shipped_state, train)
+from tiny_k3.train import (EVAL_SEED, adamw, evaluate, heldout_rows, lm_loss, load_checkpoint, save_checkpoint,
+                           shipped_state, train, train_step)
 from tiny_k3.weights import WEIGHTS_DIR, CheckpointError, config_for, load_pretrained, weights_path
 
 EQUATION = re.compile(r"^(\(\d+\+\d+\)\*\d+|\d+[-+*]\d+)=(\d+)$")
@@ -161,6 +161,42 @@ def test_training_is_reproducible_and_bias_update_can_be_switched_off():
     assert a.train_loss == b.train_loss
     off = _smoke(bias_update=False, steps=4)
     assert all((moe.router.bias == 0).all() for moe in off.model.moe_layers())
+
+
+def test_adamw_decays_the_matrices_only():
+    model = TinyK3(K3Config.preset("tiny"))
+    decayed, plain = adamw(model, lr=1e-3, weight_decay=0.1).param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert {id(p) for p in decayed["params"]} == {id(p) for p in model.parameters() if p.dim() >= 2}
+    assert {id(p) for p in plain["params"]} == {id(p) for p in model.parameters() if p.dim() < 2}
+    assert plain["params"] and decayed["params"]
+
+
+@pytest.mark.parametrize("bias_update", [True, False])
+def test_train_step_is_loss_backward_clip_step_and_the_bias_update_of_that_batch(bias_update):
+    torch.manual_seed(0)
+    model = TinyK3(K3Config.preset("tiny"))
+    rows = curriculum_rows(4, 1, (Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=32, batch=2),))[0]
+    twin = TinyK3(K3Config.preset("tiny"))
+    twin.load_state_dict(model.state_dict())
+    want = lm_loss(twin, rows)                                            # the step by hand, on a twin
+    want.backward()
+    torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5)
+    opt_twin = adamw(twin, 1e-2, 0.1)
+    opt_twin.step()
+    loads = [moe.last_load.clone() for moe in twin.moe_layers()]
+    loss = train_step(model, adamw(model, 1e-2, 0.1), rows, 0.5, bias_update, step=0)
+    assert loss == pytest.approx(want.item(), rel=1e-6)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    for moe, load in zip(model.moe_layers(), loads):
+        torch.testing.assert_close(moe.last_load, load)
+        expected = moe.config.bias_update_rate * torch.sign(load.mean() - load) if bias_update else torch.zeros_like(load)
+        torch.testing.assert_close(moe.router.bias, expected, rtol=0, atol=1e-9)
+    with torch.no_grad():
+        model.embed.weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="the loss became nan at step 8; try a smaller --lr"):
+        train_step(model, adamw(model, 1e-2, 0.1), rows, 0.5, bias_update, step=7)
 
 
 def test_bad_training_arguments():

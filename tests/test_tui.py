@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import sim as sim_pkg
-from sim.memory import cache_bytes, format_bytes
+from sim.memory import cache_bytes, crossover_tokens, format_bytes
 from tiny_k3.tokenizer import token_text
 from tiny_k3.weights import CheckpointError
 from tui import TinyK3App
@@ -21,7 +21,8 @@ from tiny_k3.config import DEFAULT_PROMPT, K3Config
 from tiny_k3.tokenizer import encode
 from tui_app.driver import Driver
 from tui_app.footer import K3Footer
-from tui_app.panels import View, crossover_tokens, memory_table, routing_headline
+from sim.render import memory_table
+from tui_app.panels import View, routing_headline
 from tui_app.screens import HelpScreen, PresetScreen, PromptScreen
 from tui_app.whatif_screen import fmt_kl
 from tui_pilot import PROMPT, make_app, screen_text, settle, sync, wait_until
@@ -347,6 +348,19 @@ async def test_too_small_then_recovery():
         await pilot.press("n")                          # and the session kept working meanwhile
         await settle(pilot)
         assert app.step == 5
+
+
+@sync
+async def test_panels_draw_at_the_width_their_scrollbars_leave():
+    """A vertical scrollbar that comes or goes redraws the panel at the width left, so no panel keeps lines
+    of the old width (a stray horizontal scrollbar, a row of content hidden under it)."""
+    app = make_app()
+    async with app.run_test(size=(FULL_WIDTH, FULL_HEIGHT)) as pilot:
+        await settle(pilot)
+        for name, panel in app._panels.items():
+            region = panel.scrollable_content_region
+            assert panel.virtual_size.width == region.width and not panel.show_horizontal_scrollbar, name
+            assert panel.show_vertical_scrollbar == (panel.virtual_size.height > region.height), name
 
 
 @sync

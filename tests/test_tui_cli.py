@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--preset", "nope"], "Unknown preset 'nope'; valid presets are: k3-topo"),
     (["--preset", "k3"], "only counted, never run"),
     (["--prompt", ""], "The prompt is empty"),
-    (["--preset", "tiny", "--prompt", "x" * 600], "holds 512 tokens in all, so use at most 510 bytes"),
+    (["--preset", "tiny", "--prompt", "x" * 600], "allows 512 tokens in all, so use at most 510 bytes"),
     (["--device", "tpu"], "Unknown device 'tpu'; use 'cpu' or 'cuda'"),
     (["--weights", "best"], "invalid choice: 'best'"),
     (["--open", "/nonexistent/run.npz"], "Cannot open the run: there is no run file"),

@@ -12,7 +12,8 @@ import tui
 from tiny_k3.config import K3Config
 from tui_app.app import TinyK3App
 from tui_app.commands import K3Commands
-from tui_app.driver import REPO, runs_dir, save_note, tui_presets
+from sim.presets import tui_presets
+from tui_app.driver import REPO, runs_dir, save_note
 from tui_app.help import KEYS
 from tui_app.screens import PresetScreen
 from tui_pilot import PROMPT, make_app, screen_text, settle, sync, wait_until

@@ -6,7 +6,8 @@ are better concatenated once than on every call. The modules and their state_dic
 they are: the concatenation is a cache, built on first use and rebuilt whenever a part changes (loading
 a checkpoint, an optimiser step, `.to(...)`), keyed on every part's storage pointer, in-place version
 counter and dtype. With autograd on, the separate parts run (the reference): training sees no change.
-Also here, for the same fast paths: cached scalar constants and per-thread scratch buffers.
+Also here, for the same fast paths: cached scalar constants, per-thread scratch buffers and sampled
+products (SDDMM, for the MoE's chosen experts: tiny_k3/moe_fast.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -150,3 +152,35 @@ class FusedLinears:
         rows = [w.shape[0] for w in weights]
         sizes = [sum(rows[a:b]) for a, b in self._spans]
         return list(F.linear(x, self.weight(weights)).split(sizes, -1))
+
+
+_SPARSE_WARNED = False
+
+
+def sampled_product(rows: torch.Tensor, columns: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                    scratch: str) -> torch.Tensor:
+    """(a @ b) at the entries of the CSR pattern (crow indices `rows`, `columns`) -> their values [nnz], in the
+    scratch buffer named `scratch` (`scratch_buffer`: valid until the next call that uses that name). a [R, K]
+    contiguous, b [K, C] (a transposed view of a contiguous [C, K] is read as it is, with no copy).
+
+    torch.sparse.sampled_addmm, beta=0, with the pattern as its own output (no copy of the pattern, no fresh
+    values). Its CPU kernel adds beta * (the old value), and 0 * inf or NaN is NaN, so the values start at
+    zero: a NaN from an earlier call could otherwise reach this one."""
+    values = scratch_buffer("sampled " + scratch, (columns.numel(),), a).zero_()
+    pattern = csr_matrix(rows, columns, values, (rows.numel() - 1, b.shape[1]))
+    torch.sparse.sampled_addmm(pattern, a, b, beta=0.0, out=pattern)
+    return values
+
+
+def csr_matrix(rows: torch.Tensor, columns: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A sparse CSR matrix [shape] on these tensors (no copies, no checks: the callers build valid patterns).
+    torch warns once per process that sparse CSR support is "in beta"; that says nothing to a reader of this
+    simulator, so the first call hides it."""
+    global _SPARSE_WARNED
+    if _SPARSE_WARNED:
+        return torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        matrix = torch.sparse_csr_tensor(rows, columns, values, shape, check_invariants=False)
+    _SPARSE_WARNED = True
+    return matrix

@@ -48,7 +48,8 @@ class Hooks:
 
         Blocking adds -inf to the blocked experts' selection bias, so top-k takes the next in line; forcing
         replaces the choice, ordering the forced ids by descending biased score as `route` does; either way
-        the weights are the chosen experts' unbiased scores, renormalised and scaled as usual.
+        the weights are the chosen experts' unbiased scores, renormalised (k > 1) and scaled as `route`'s are
+        (`Router.routing_for`): a single forced expert keeps its score, as the released router does.
         """
         bias = None if layer in self.unbiased else router.bias
         blocked = self.blocked_experts.get(layer, ())
@@ -61,10 +62,7 @@ class Hooks:
         ids = torch.tensor(forced, device=scores.device).expand(*scores.shape[:-1], len(forced))
         biased = scores.gather(-1, ids) + (0 if bias is None else bias[ids])
         ids = ids.gather(-1, torch.argsort(biased, dim=-1, descending=True, stable=True))
-        weights = scores.gather(-1, ids)
-        if router.renormalize:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return Routing(ids, weights * router.scaling if router.scaling != 1.0 else weights, scores)
+        return router.routing_for(scores, ids)
 
     # ------------------------------------------------------------------ KDA (kda.py, KDALayer.forward)
     def reset_state(self, layer: int, cache: KDAState | None, heads: int, head_dim: int) -> KDAState | None:

@@ -134,24 +134,3 @@ def diff(a: K3Config, b: K3Config) -> list[PartDiff]:
                  f"x {b.dtype_bytes} B)", ca.kv_per_token, cb.kv_per_token, "bytes"),
         PartDiff("KDA state per sequence", f"{ca.state:,} B", f"{cb.state:,} B", ca.state, cb.state, "bytes"),
     ]
-
-
-def _signed(n: int, unit: str) -> str:
-    if not unit or n == 0:
-        return ""
-    if unit == "bytes":
-        return f"{n:+,} B"
-    return f"{n / 1e9:+,.2f}B" if abs(n) >= 1e8 else f"{n:+,}"
-
-
-def format_diff(a: K3Config, b: K3Config, changed_only: bool = False) -> str:
-    """The diff as plain text lines: `part: A -> B (delta)`, or `part: same (...)` for unchanged parts."""
-    lines = [f"{a.name} -> {b.name}"]
-    for d in diff(a, b):
-        if not d.changed:
-            if not changed_only:
-                lines.append(f"  {d.part}: same ({d.before})")
-            continue
-        delta = _signed(d.delta, d.unit)
-        lines.append(f"  {d.part}: {d.before} -> {d.after}" + (f"  [{delta}]" if delta else ""))
-    return "\n".join(lines)

@@ -293,7 +293,15 @@ def resolve_device(device: str | None = None) -> torch.device:
 
 @torch.no_grad()
 def sample_next(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [B, vocab] -> next token [B]: greedy at temperature 0, else softmax sampling."""
+    """logits [B, vocab] -> next token [B]: greedy at temperature 0, else softmax sampling.
+
+    What it guarantees: at temperature 0 the argmax of each row (the lowest id among equal maxima), with no
+    randomness drawn; above 0 one draw per row from softmax(logits / T) computed in float32, by
+    torch.multinomial from `generator` (the global generator when None), so the same generator state on the
+    same device and torch version gives the same tokens. It is not the simulator's sampler: sim.session's
+    `sample_token` draws in float64 numpy from a seed per (seed, position), so that a run replays on any
+    device; for the same seed the two give different tokens. `generate` uses this one.
+    """
     if temperature < 0:
         raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature}.")
     if temperature == 0:

@@ -171,6 +171,44 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
     replace every stage's (smoke runs, ablations). qk_gain scales the MLA attention logits at init
     (scale_attention_logits_at_init; 1 leaves the init as it is).
     """
+    curriculum = _checked_curriculum(config, steps, seed, curriculum, batch, seq_len)
+    torch.manual_seed(seed)
+    model = TinyK3(config, device=device)
+    scale_attention_logits_at_init(model, qk_gain)
+    data = [rows.to(model.device) for rows in curriculum_rows(steps, seed, curriculum, answer_weight)]
+    heldout = heldout_rows(max(st.seq_len for st in curriculum), model.device)
+    probes = (make_probes(24, pairs=4, filler_chars=64, seed=EVAL_SEED),
+              make_probes(8, pairs=16, filler_chars=16, seed=EVAL_SEED))
+    warmup = min(100, steps // 10) if warmup is None else warmup
+    opt = adamw(model, lr, weight_decay)
+    result = TrainResult(model, fresh_eval_loss=evaluate(model, heldout))
+    log(f"{config.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {steps} steps of "
+        f"{' then '.join(f'{st.batch}x{st.seq_len}' for st in curriculum)} tokens, held-out loss at init "
+        f"{result.fresh_eval_loss:.3f}")
+    bar = _progress_bar(progress)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    with bar:
+        task = bar.add_task(f"train {config.name}", total=steps, loss=float("nan"), tps=0.0)
+        for step in range(steps):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, steps, lr, warmup)
+            stage, i = stage_of(step, steps, len(curriculum))
+            rows = data[stage][i * curriculum[stage].batch:(i + 1) * curriculum[stage].batch]
+            loss = train_step(model, opt, rows, clip, bias_update, step)
+            result.steps.append(step + 1)
+            result.train_loss.append(loss)
+            result.tokens += rows.tokens[:, 1:].numel()
+            result.seconds = time.perf_counter() - start
+            result.cpu_seconds = time.process_time() - cpu_start
+            bar.update(task, advance=1, loss=loss, tps=result.tokens / result.seconds)
+            if (step + 1) % eval_every == 0 or step + 1 == steps:
+                _evaluate_into(result, heldout, probes, f"step {step + 1}/{steps}", log)
+    return result
+
+
+def _checked_curriculum(config: K3Config, steps: int, seed: int, curriculum: tuple[Stage, ...], batch: int | None,
+                        seq_len: int | None) -> tuple[Stage, ...]:
+    """`curriculum` with `batch` / `seq_len` (where given) in every stage, after checking the run's arguments."""
     curriculum = tuple(dataclasses.replace(st, batch=batch or st.batch, seq_len=seq_len or st.seq_len)
                        for st in curriculum)
     batch, seq_len = min(st.batch for st in curriculum), max(st.seq_len for st in curriculum)
@@ -182,65 +220,56 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
     if seq_len + 1 > config.max_seq_len:
         raise ValueError(f"seq_len {seq_len} (+ BOS) is longer than preset {config.name!r} allows "
                          f"({config.max_seq_len}).")
-    torch.manual_seed(seed)
-    model = TinyK3(config, device=device)
-    scale_attention_logits_at_init(model, qk_gain)
-    data = [rows.to(model.device) for rows in curriculum_rows(steps, seed, curriculum, answer_weight)]
-    heldout = heldout_rows(seq_len, model.device)
-    probes = make_probes(24, pairs=4, filler_chars=64, seed=EVAL_SEED)
-    many_probes = make_probes(8, pairs=16, filler_chars=16, seed=EVAL_SEED)
-    warmup = min(100, steps // 10) if warmup is None else warmup
+    return curriculum
+
+
+def adamw(model: TinyK3, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (betas 0.9, 0.95) with weight decay on the matrices only, not on vectors (norms, biases, gates)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
-    result = TrainResult(model, fresh_eval_loss=evaluate(model, heldout))
-    log(f"{config.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {steps} steps of "
-        f"{' then '.join(f'{st.batch}x{st.seq_len}' for st in curriculum)} tokens, held-out loss at init "
-        f"{result.fresh_eval_loss:.3f}")
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
 
+
+def train_step(model: TinyK3, opt: torch.optim.Optimizer, rows: Rows, clip: float, bias_update: bool,
+               step: int) -> float:
+    """One step on `rows`: the weighted loss, its gradients clipped to norm `clip`, the optimiser step, then the
+    selection-bias update of every MoE router from the load of this batch. Returns the loss."""
+    loss = lm_loss(model, rows)
+    if not torch.isfinite(loss):
+        raise ValueError(f"the loss became {loss.item()} at step {step + 1}; try a smaller --lr.")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    if bias_update:
+        for moe in model.moe_layers():
+            moe.router.update_bias(moe.last_load)
+    return loss.item()
+
+
+def _progress_bar(progress: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
-                   TimeRemainingColumn(), disable=not progress, transient=False)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    with bar:
-        task = bar.add_task(f"train {config.name}", total=steps, loss=float("nan"), tps=0.0)
-        for step in range(steps):
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, steps, lr, warmup)
-            stage, i = stage_of(step, steps, len(curriculum))
-            rows = data[stage][i * curriculum[stage].batch:(i + 1) * curriculum[stage].batch]
-            loss = lm_loss(model, rows)
-            if not torch.isfinite(loss):
-                raise ValueError(f"the loss became {loss.item()} at step {step + 1}; try a smaller --lr.")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            opt.step()
-            if bias_update:
-                for moe in model.moe_layers():
-                    moe.router.update_bias(moe.last_load)
-            result.steps.append(step + 1)
-            result.train_loss.append(loss.item())
-            result.tokens += rows.tokens[:, 1:].numel()
-            result.seconds = time.perf_counter() - start
-            result.cpu_seconds = time.process_time() - cpu_start
-            bar.update(task, advance=1, loss=loss.item(), tps=result.tokens / result.seconds)
-            if (step + 1) % eval_every == 0 or step + 1 == steps:
-                result.eval_steps.append(step + 1)
-                result.eval_loss.append(evaluate(model, heldout))
-                result.eval_recall.append(recall_accuracy(model, probes))
-                result.eval_recall_many.append(recall_accuracy(model, many_probes))
-                log(f"step {step + 1}/{steps}: train {sum(result.train_loss[-50:]) / len(result.train_loss[-50:]):.3f}"
-                    f"  held-out {result.eval_loss[-1]:.3f}  recall {result.eval_recall[-1]:.0%}"
-                    f"  recall16 {result.eval_recall_many[-1]:.0%}  {result.tokens / result.seconds:,.0f} tok/s"
-                    f"  {result.seconds:.0f}s wall, {result.cpu_seconds:.0f}s CPU")
-    return result
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
+                    TimeRemainingColumn(), disable=not progress, transient=False)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _evaluate_into(result: TrainResult, heldout: Rows, probes: tuple, label: str, log) -> None:
+    """Append the held-out loss and both recall scores at this step to `result`, and log them."""
+    model = result.model
+    result.eval_steps.append(result.steps[-1])
+    result.eval_loss.append(evaluate(model, heldout))
+    result.eval_recall.append(recall_accuracy(model, probes[0]))
+    result.eval_recall_many.append(recall_accuracy(model, probes[1]))
+    last = result.train_loss[-50:]
+    log(f"{label}: train {sum(last) / len(last):.3f}"
+        f"  held-out {result.eval_loss[-1]:.3f}  recall {result.eval_recall[-1]:.0%}"
+        f"  recall16 {result.eval_recall_many[-1]:.0%}  {result.tokens / result.seconds:,.0f} tok/s"
+        f"  {result.seconds:.0f}s wall, {result.cpu_seconds:.0f}s CPU")
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tiny_k3.train", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small", help="a preset name, or <preset>-twin for its all-softmax twin")
     parser.add_argument("--steps", type=int, default=1200)
@@ -263,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--device", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
     try:
         from .model import resolve_device
 
@@ -289,8 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     model.load_state_dict(shipped_state(model))      # measure the weights exactly as they will be stored
     eval_len = args.seq_len or CURRICULA[args.curriculum][-1].seq_len
     heldout = evaluate(model, heldout_rows(eval_len, model.device))
+    info = _run_info(args, argv, config, result, heldout, eval_len, device)
+    path = save_checkpoint(model, weights_path(info["name"], Path(args.out)), info)
+    print(f"saved {path} ({path.stat().st_size / 1e6:.2f} MB): final train loss {info['final_train_loss']}, "
+          f"held-out {info['heldout_loss']} (fresh weights {info['heldout_loss_fresh']})")
+    return 0
+
+
+def _run_info(args: argparse.Namespace, argv: list[str], config: K3Config, result: TrainResult, heldout: float,
+              eval_len: int, device) -> dict:
+    """The JSON beside a checkpoint: the command, its arguments, the losses and the curve."""
     last = result.train_loss[-50:]
-    info = {
+    return {
         "name": args.name or config.name, "preset": args.preset,
         "command": "python -m tiny_k3.train " + " ".join(shlex.quote(a) for a in argv),
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
@@ -310,10 +354,6 @@ def main(argv: list[str] | None = None) -> int:
                   "eval_recall_4pairs_64filler": [round(x, 4) for x in result.eval_recall],
                   "eval_recall_16pairs_16filler": [round(x, 4) for x in result.eval_recall_many]},
     }
-    path = save_checkpoint(model, weights_path(info["name"], Path(args.out)), info)
-    print(f"saved {path} ({path.stat().st_size / 1e6:.2f} MB): final train loss {info['final_train_loss']}, "
-          f"held-out {info['heldout_loss']} (fresh weights {info['heldout_loss_fresh']})")
-    return 0
 
 
 if __name__ == "__main__":

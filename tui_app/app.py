@@ -6,173 +6,80 @@ timeline, the routing headline (always on screen), a panel switcher and one pane
 a message. The zoomed panel (z) keeps its border, and the status line keeps the step.
 
 Work. The plain-Python `Driver` owns the Simulation, the cursor and what to compute next; this class only
-turns keys into driver calls and runs the driver's jobs in Textual thread workers (one load, one step at a
-time), whose results come back as dataclass messages. Reactive state is scalars only.
+turns keys into driver calls and runs the driver's jobs in Textual thread workers (`run_job`: one load,
+one step, one what-if at a time), whose outcomes come back as messages (tui_app/messages.py). Reactive
+state is scalars only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from sim import render
-from sim.interventions import describe
-from sim.memory import format_bytes
-from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config
-from tiny_k3.tokenizer import token_text
-from tiny_k3.weights import config_for
+from sim.memory import crossover_tokens, format_bytes
+from sim.presets import DEFAULT_PRESET, DEFAULT_PROMPT, K3Config, config_for
 
-from .commands import K3Commands, K3Palette
-from .driver import (WHAT_IF_STEPS, Cancelled, Driver, Loaded, LoadTicket, Progress, RunSpec, WhatIfJob, runs_dir,
-                     save_note)
+from .commands import K3Commands
+from .driver import Driver, RunSpec, runs_dir, save_note
 from .footer import K3Footer
-from .panels import (DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, crossover_tokens, plural,
-                     quoted, routing_headline, timeline_text)
-from .screens import HelpScreen, PresetScreen, PromptScreen
-from .whatif_menu import WhatIfMenu, menu_for, unavailable
-from .whatif_screen import WhatIfScreen
+from .messages import JobFinished, JobOutcome, JobProgress, WorkerPool, run_job
+from .panels import DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, routing_headline
+from .dialogs import Dialogs
+from .navigation import PANELS, Navigation
+from .widgets import PanelTabs, ProgressLine, StatusLine, Timeline, TooSmall
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24      # compact layout from here: tokens, routing headline, one panel at a time
 FULL_WIDTH, FULL_HEIGHT = 120, 36   # full layout from here: all four panels
 TALL_HEIGHT = 44                    # from here the routing panel shows the whole top-16 table (20 rows)
 RUN_INTERVAL = 0.08                 # seconds between steps while running (the display rate)
-PANELS = ("routing", "state", "depth", "memory")
-WORKER_THREAD = "tiny-k3-worker"    # name prefix of the worker threads (tui.main waits for them on exit)
 
 
-# ---------------------------------------------------------------------------------------- messages
+# In the footer's order: K3Footer shows the first ones that fit the width (80 columns: n to s), ? all.
+KEYS = [
+    Binding("n", "next", "next"),
+    Binding("right", "next", "next", show=False),
+    Binding("b", "back", "back"),
+    Binding("left", "back", "back", show=False),
+    Binding("x", "what_if", "what-if"),
+    Binding("r", "run", "run"),
+    Binding("j", "layer(1)", "layer", key_display="j/k"),
+    Binding("k", "layer(-1)", "layer-", show=False),
+    Binding("e", "edit_prompt", "prompt"),
+    Binding("p", "preset", "preset"),
+    Binding("question_mark", "help", "help"),
+    Binding("q", "quit", "quit"),
+    Binding("s", "save", "save"),
+    Binding("c", "compare", "compare"),
+    Binding("z", "zoom", "zoom"),
+    Binding("i", "step_in", "in"),
+    Binding("ctrl+p", "command_palette", "palette", key_display="^p"),
+    Binding("o", "step_out", "out", show=False),
+    Binding("h", "head(1)", "head", show=False),
+    Binding("H", "head(-1)", "head-", show=False),
+    Binding("tab", "cycle_panel(1)", "panel", show=False, priority=True),
+    Binding("shift+tab", "cycle_panel(-1)", "panel", show=False, priority=True),
+    Binding("escape", "cancel", "cancel", show=False),
+    *(Binding(str(i + 1), f"show_panel('{name}')", name, show=False) for i, name in enumerate(PANELS)),
+]
 
 
-@dataclass
-class LoadProgress(Message):
-    ticket: LoadTicket
-    progress: Progress
-
-
-class JobOutcome(NamedTuple):
-    """How a driver job run in a worker thread ended: its value, or one sentence, or cancelled."""
-
-    value: object = None
-    error: str | None = None
-    cancelled: bool = False
-
-
-def run_job(job: Callable[[], object]) -> JobOutcome:
-    """Run job(); a ValueError keeps its own sentence, any other exception is named (shown in the status
-    line, never a crash of the interface), Cancelled is cancelled."""
-    try:
-        return JobOutcome(job())
-    except Cancelled:
-        return JobOutcome(cancelled=True)
-    except ValueError as exc:
-        return JobOutcome(error=str(exc))
-    except Exception as exc:  # noqa: BLE001
-        return JobOutcome(error=f"{type(exc).__name__}: {exc}")
-
-
-@dataclass
-class LoadFinished(Message):
-    ticket: LoadTicket
-    loaded: Loaded | None = None
-    error: str | None = None
-    cancelled: bool = False
-
-
-@dataclass
-class StepFinished(Message):
-    sim: object
-    error: str | None = None
-
-
-@dataclass
-class WhatIfProgress(Message):
-    job: WhatIfJob
-    progress: Progress
-
-
-@dataclass
-class WhatIfFinished(Message):
-    job: WhatIfJob
-    result: object = None           # sim.whatif.WhatIf
-    error: str | None = None
-    cancelled: bool = False
-    carried: object = None          # sim.recall_moment.StillCarried: a reset that left the answer, and who holds it
-
-
-@dataclass
-class RecallFinished(Message):
-    sim: object
-    index: int
-    moment: object = None           # sim.recall_moment.RecallMoment, None when it failed
-    error: str | None = None
-
-
-@dataclass
-class SaveFinished(Message):
-    path: str
-    step: int
-    error: str | None = None
-
-
-class _PromptExecutor(ThreadPoolExecutor):
-    """The workers' thread pool. Its shutdown does not wait: quitting must not wait for a token in flight
-    (the jobs stop at their next cancel check; tui.main gives them a moment, then exits anyway)."""
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        super().shutdown(wait=False, cancel_futures=True)
-
-
-# ---------------------------------------------------------------------------------------- the app
-
-
-class TinyK3App(App):
+class TinyK3App(Navigation, Dialogs, App):
     """The step-through simulator. `TinyK3App()` opens the default preset and prompt."""
 
     CSS_PATH = Path(__file__).with_name("tui.tcss")
     TITLE = "tiny-k3"
     COMMANDS = App.COMMANDS | {K3Commands}
-    # In the footer's order: K3Footer shows the first ones that fit the width (80 columns: n to s), ? all.
-    BINDINGS = [
-        Binding("n", "next", "next"),
-        Binding("right", "next", "next", show=False),
-        Binding("b", "back", "back"),
-        Binding("left", "back", "back", show=False),
-        Binding("x", "what_if", "what-if"),
-        Binding("r", "run", "run"),
-        Binding("j", "layer(1)", "layer", key_display="j/k"),
-        Binding("k", "layer(-1)", "layer-", show=False),
-        Binding("e", "edit_prompt", "prompt"),
-        Binding("p", "preset", "preset"),
-        Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
-        Binding("s", "save", "save"),
-        Binding("c", "compare", "compare"),
-        Binding("z", "zoom", "zoom"),
-        Binding("i", "step_in", "in"),
-        Binding("ctrl+p", "command_palette", "palette", key_display="^p"),
-        Binding("o", "step_out", "out", show=False),
-        Binding("h", "head(1)", "head", show=False),
-        Binding("H", "head(-1)", "head-", show=False),
-        Binding("tab", "cycle_panel(1)", "panel", show=False, priority=True),
-        Binding("shift+tab", "cycle_panel(-1)", "panel", show=False, priority=True),
-        Binding("escape", "cancel", "cancel", show=False),
-        *(Binding(str(i + 1), f"show_panel('{name}')", name, show=False) for i, name in enumerate(PANELS)),
-    ]
-    # modal screens: each is one action that pushes a screen from its own module (screens.py, whatif_menu.py,
-    # whatif_screen.py)
+    BINDINGS = KEYS       # their actions: here, navigation.py (selection, panels), dialogs.py (modal screens)
 
     layer: reactive[int] = reactive(1, init=False, repaint=False)
     head: reactive[int] = reactive(0, init=False, repaint=False)
@@ -235,31 +142,29 @@ class TinyK3App(App):
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
-        yield Static(id="timeline")
+        yield Timeline(id="timeline")
         yield Static(id="headline")
-        yield Static(id="tabs")
+        yield PanelTabs(id="tabs")
         with Vertical(id="panels"):
             yield RoutingPanel(id="routing")
             with Horizontal(id="lower"):
                 yield StatePanel(id="state")
                 yield DepthPanel(id="depth")
                 yield MemoryPanel(id="memory")
-        yield Static(id="too-small")
-        yield Static(id="progress")
+        yield TooSmall(id="too-small")
+        yield ProgressLine(id="progress")
         yield Static(id="message")
-        yield Static(id="status")
+        yield StatusLine(id="status")
         yield K3Footer()             # the keys that fit the width, in BINDINGS order
 
     def on_mount(self) -> None:
-        asyncio.get_running_loop().set_default_executor(
-            _PromptExecutor(max_workers=4, thread_name_prefix=WORKER_THREAD))
+        asyncio.get_running_loop().set_default_executor(WorkerPool())
         self._main = self.screen
         q = self._main.query_one
         self._panels: dict[str, Panel] = {name: q(f"#{name}", Panel) for name in PANELS}
-        self._timeline, self._headline, self._tabs = q("#timeline", Static), q("#headline", Static), q("#tabs", Static)
-        self._status, self._message, self._progress = q("#status", Static), q("#message", Static), q("#progress", Static)
-        self._too_small = q("#too-small", Static)
-        self._timeline.border_title = "Tokens"
+        self._timeline, self._headline, self._tabs = q(Timeline), q("#headline", Static), q(PanelTabs)
+        self._status, self._message, self._progress = q(StatusLine), q("#message", Static), q(ProgressLine)
+        self._too_small = q(TooSmall)
         self._ticker = self.set_interval(RUN_INTERVAL, self._tick, pause=True)
         self._apply_layout(self.size)
         self._panels["routing"].focus()
@@ -284,11 +189,7 @@ class TinyK3App(App):
         for name in PANELS:
             screen.set_class(name == self.shown_panel, f"-show-{name}")
         if mode == "too-small":
-            self._too_small.update(
-                f"Terminal too small\n\ntiny-k3 needs at least {MIN_WIDTH} x {MIN_HEIGHT} characters "
-                f"({FULL_WIDTH} x {FULL_HEIGHT} shows all panels at once); this one is {w} x {h}.\n"
-                "Enlarge the window or make the font smaller:\nthe simulator keeps its place and comes back "
-                "when there is room.\n\nq quits.")
+            self._too_small.show(size, (MIN_WIDTH, MIN_HEIGHT), (FULL_WIDTH, FULL_HEIGHT))
         for panel in self._panels.values():   # what is visible changed: redraw everything once laid out
             panel.invalidate()
         self.call_after_refresh(self._redraw)
@@ -308,25 +209,20 @@ class TinyK3App(App):
         ticket = self.driver.begin_load(spec)
         self._set_message("")
         self._redraw()                      # the loading line shows at once, not at the next key
-        self._load_worker(ticket)
 
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def _load_worker(self, ticket: LoadTicket) -> None:
-        out = run_job(lambda: self.driver.run_load(ticket, lambda p: self.post_message(LoadProgress(ticket, p))))
-        self.post_message(LoadFinished(ticket, loaded=out.value, error=out.error, cancelled=out.cancelled))
+        def progress(p) -> None:
+            if self.driver.report(ticket, p):
+                self._draw_progress()
 
-    @on(LoadProgress)
-    def _load_progress(self, msg: LoadProgress) -> None:
-        if not self._quitting and self.driver.report(msg.ticket, msg.progress):
-            self._draw_progress()
+        self.run_in_worker("load", lambda report: self.driver.run_load(ticket, report),
+                     lambda out: self._load_finished(ticket, out), progress)
 
-    @on(LoadFinished)
-    def _load_finished(self, msg: LoadFinished) -> None:
-        if self._quitting or msg.cancelled:
+    def _load_finished(self, ticket, out: JobOutcome) -> None:
+        if out.cancelled:
             return
-        if msg.loaded is not None:
+        if out.value is not None:
             previous = self.preset if self.sim is not None else None
-            if not self.driver.finish_load(msg.ticket, msg.loaded):
+            if not self.driver.finish_load(ticket, out.value):
                 return
             self.session += 1
             self.config = self.sim.config
@@ -341,9 +237,9 @@ class TinyK3App(App):
             self._set_message("")
             self._redraw()
             self._pump()
-        elif self.driver.fail_load(msg.ticket):
+        elif self.driver.fail_load(ticket):
             kept = "kept the current session" if self.sim is not None else "nothing loaded: e for a prompt, p for a preset"
-            self._set_message(Text.assemble(("Not loaded: ", "bold red"), f"{msg.error} ({kept})"))
+            self._set_message(Text.assemble(("Not loaded: ", "bold red"), f"{out.error} ({kept})"))
             self._redraw()
 
     def action_cancel(self) -> None:
@@ -357,11 +253,6 @@ class TinyK3App(App):
             self._set_message(f"load cancelled; {kept}")
             self._redraw()
 
-    def _start_layer(self) -> int:
-        cfg = self.config
-        both = [i for i in cfg.kda_layers if i in cfg.moe_layers]
-        return both[0] if both else 0
-
     # ------------------------------------------------------------------ stepping
     def _pump(self) -> None:
         """Start the next job the driver wants, one at a time: a what-if (asked for), the recall moment of the
@@ -371,11 +262,13 @@ class TinyK3App(App):
         if self._quitting:
             return
         if d.wants_what_if():
-            self._what_if_worker(d.start_what_if())
+            self._start_what_if_job(d.start_what_if())
         elif d.wants_recall():
-            self._recall_worker(*d.start_recall())
+            sim, index = d.start_recall()
+            self.run_in_worker("recall", lambda _: d.run_recall(sim, index), lambda out: self._recall_finished(sim, index, out))
         elif d.wants_step():
-            self._step_worker(*d.start_step())
+            sim, flag = d.start_step()
+            self.run_in_worker("step", lambda _: d.run_step(sim, flag), lambda out: self._step_finished(sim, out))
 
     def _pump_after_paint(self) -> None:
         """Compute ahead only once the new step is on screen (the worker holds the GIL in bursts)."""
@@ -383,20 +276,35 @@ class TinyK3App(App):
             self._pump_pending = True
             self.call_after_refresh(self._pump)
 
-    @work(thread=True, exclusive=True, group="step", exit_on_error=False)
-    def _step_worker(self, sim, flag) -> None:
-        out = run_job(lambda: self.driver.run_step(sim, flag))
-        if not out.cancelled:
-            self.post_message(StepFinished(sim, error=out.error))
+    def run_in_worker(self, group: str, job: Callable[[Callable], object], finished: Callable[[JobOutcome], None],
+                progress: Callable[[object], None] | None = None) -> None:
+        """Run job(report) in a thread worker, one per group (a new one replaces the old); report(p) hands p
+        to progress and the outcome goes to finished, both on the UI thread (messages.JobProgress, JobFinished)."""
+        def report(p) -> None:
+            self.post_message(JobProgress(p, progress))
 
-    @on(StepFinished)
-    def _step_finished(self, msg: StepFinished) -> None:
-        if self._quitting:
+        def work() -> None:
+            self.post_message(JobFinished(run_job(lambda: job(report)), finished))
+
+        self.run_worker(work, name=group, group=group, thread=True, exclusive=True, exit_on_error=False)
+
+    @on(JobProgress)
+    def _job_progress(self, msg: JobProgress) -> None:
+        if not self._quitting and msg.then is not None:
+            msg.then(msg.progress)
+
+    @on(JobFinished)
+    def _job_finished(self, msg: JobFinished) -> None:
+        if not self._quitting:
+            msg.then(msg.outcome)
+
+    def _step_finished(self, sim, out: JobOutcome) -> None:
+        if out.cancelled:
             return
-        moved = self.driver.finish_step(msg.sim, msg.error)
-        if msg.error is not None and msg.sim is self.sim:
+        moved = self.driver.finish_step(sim, out.error)
+        if out.error is not None and sim is self.sim:
             self.running = False
-            self._set_message(Text.assemble(("Cannot step further: ", "bold red"), msg.error))
+            self._set_message(Text.assemble(("Cannot step further: ", "bold red"), out.error))
         if moved:
             self._step_changed()
         else:
@@ -404,100 +312,13 @@ class TinyK3App(App):
             self._pump()
 
     # ------------------------------------------------------------------ the recall moment
-    @work(thread=True, exclusive=True, group="recall", exit_on_error=False)
-    def _recall_worker(self, sim, index: int) -> None:
-        try:
-            moment = self.driver.run_recall(sim, index)
-        except Exception as exc:  # noqa: BLE001 - the panels then show no recall line, never a crash
-            self.post_message(RecallFinished(sim, index, error=f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(RecallFinished(sim, index, moment))
-
-    @on(RecallFinished)
-    def _recall_finished(self, msg: RecallFinished) -> None:
-        if self._quitting:
-            return
-        if self.driver.finish_recall(msg.sim, msg.index, msg.moment):
-            if msg.error:
-                self._set_message(Text.assemble(("No recall moment: ", "bold red"), msg.error))
+    def _recall_finished(self, sim, index: int, out: JobOutcome) -> None:
+        """A failed recall moment leaves the panels without a recall line, never crashes them."""
+        if self.driver.finish_recall(sim, index, out.value):
+            if out.error:
+                self._set_message(Text.assemble(("No recall moment: ", "bold red"), out.error))
             self._redraw()
         self._pump()
-
-    # ------------------------------------------------------------------ what-if
-    def _focused_panel(self) -> str:
-        return self.focused.id if self.focused is not None and self.focused.id in PANELS else self.shown_panel
-
-    def action_what_if(self) -> None:
-        """x: the what-if menu for the focused panel at this step, layer and head."""
-        if self._quitting or self.sim is None:
-            return
-        panel, view = self._focused_panel(), self.view()
-        items = menu_for(panel, view)
-        steps = max(1, min(WHAT_IF_STEPS, self.config.max_seq_len - self.step))
-        layer, head = self._panel_place(panel)
-        title = (f"[b]What if[/b] … at step {self.step}, input {quoted(view.frame.input_text)} ({panel} panel, "
-                 f"layer {layer}, head {head})")
-        self.running = False
-        self.push_screen(WhatIfMenu(title, items, "" if items else unavailable(panel, view), steps),
-                         lambda changes: None if changes is None else self.start_what_if(changes, panel))
-
-    def _panel_place(self, panel: str) -> tuple[int, int]:
-        """(layer, head) a panel shows now; the state panel's may be the pinned reading head."""
-        view = self.view()
-        if panel == "state" and view is not None and view.kda_layer is not None:
-            return view.kda_layer, view.kda_head
-        return self.layer, self.head
-
-    def start_what_if(self, changes: tuple, panel: str | None = None) -> None:
-        """Compute Simulation.what_if(*changes) at the cursor's frame in a worker; the result opens WhatIfScreen."""
-        if self._quitting or self.sim is None:
-            return
-        try:
-            job = self.driver.request_what_if(changes)
-        except ValueError as exc:
-            self._set_message(Text.assemble(("What-if not run: ", "bold red"), str(exc)))
-            return
-        panel = panel or self._focused_panel()
-        self._whatif_for = (job, panel, *self._panel_place(panel))
-        self.running = False
-        self._set_message("")
-        self._draw_progress()
-        self._draw_status()
-        self._pump()
-
-    @work(thread=True, exclusive=True, group="whatif", exit_on_error=False)
-    def _what_if_worker(self, job: WhatIfJob) -> None:
-        out = run_job(lambda: self.driver.run_what_if(job, lambda p: self.post_message(WhatIfProgress(job, p))))
-        carried = None
-        if out.value is not None:
-            carried = run_job(lambda: self.driver.run_still_carried(job, out.value)).value
-        self.post_message(WhatIfFinished(job, result=out.value, error=out.error, cancelled=out.cancelled,
-                                         carried=carried))
-
-    @on(WhatIfProgress)
-    def _what_if_progress(self, msg: WhatIfProgress) -> None:
-        if not self._quitting and self.driver.report_what_if(msg.job, msg.progress):
-            self._draw_progress()
-
-    @on(WhatIfFinished)
-    def _what_if_finished(self, msg: WhatIfFinished) -> None:
-        if self._quitting:
-            return
-        if self.driver.finish_what_if(msg.job):
-            if msg.result is not None and self._whatif_for is not None and self._whatif_for[0] is msg.job:
-                _, panel, layer, head = self._whatif_for
-                self.push_screen(WhatIfScreen(msg.result, msg.job.sim, panel, layer, head, msg.carried))
-            else:
-                self._set_message(Text.assemble(("What-if not run: ", "bold red"), msg.error or "it was cancelled"))
-        self._draw_progress()
-        self._draw_status()
-        self._pump()
-
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """tab / shift+tab are priority keys (panels are focusable): on a modal screen they are not ours."""
-        if action == "cycle_panel" and self._main is not None and self.screen is not self._main:
-            return False
-        return True
 
     # ------------------------------------------------------------------ stepping, continued
     def _step_changed(self) -> None:
@@ -577,141 +398,6 @@ class TinyK3App(App):
                               f"the hybrid's ({format_bytes(m.total_bytes)}), and only pulls away from here; "
                               f"r runs on")
 
-    # ------------------------------------------------------------------ layers, heads, sublayers
-    def action_step_in(self) -> None:
-        if self.sim is None or self._quitting:
-            return
-        if self.sublayer_index < 0:
-            self.sublayer_index = next((s.index for s in self._sublayer_views() if s.layer == self.layer), 0)
-        self.action_show_panel("depth")
-
-    def action_step_out(self) -> None:
-        self.sublayer_index = -1
-
-    def _unpin(self) -> None:
-        """The learner picks a layer or head: the state panel follows the selection again."""
-        if self.pin_recall:
-            self.pin_recall = False
-            self._redraw()
-
-    def action_layer(self, delta: int) -> None:
-        if self.sim is None or self._quitting:
-            return
-        self._unpin()
-        if self.sublayer_index >= 0:
-            subs = self._sublayer_views()
-            target = self.sublayer_index + delta
-            if not 0 <= target < len(subs):
-                self._set_message("already at the " + ("embedding" if target < 0 else "head") +
-                                  ", the first sublayer" * (target < 0) + ", the last sublayer" * (target > 0))
-                return
-            self.sublayer_index = target
-            layer = subs[target].layer
-            if 0 <= layer < self.config.num_layers:
-                self.layer = layer
-            return
-        target = self.layer + delta
-        if not 0 <= target < self.config.num_layers:
-            edge = "first layer (0); j goes deeper" if target < 0 else \
-                f"last layer ({self.config.num_layers - 1}); k goes back"
-            self._set_message(f"already at the {edge}")
-            return
-        self.layer = target
-
-    def select_layer(self, layer: int) -> None:
-        self._unpin()
-        self.layer = max(0, min(self.config.num_layers - 1, layer))
-        if self.sublayer_index >= 0 and self.sim is not None:
-            self.sublayer_index = next((s.index for s in self._sublayer_views() if s.layer == self.layer), 0)
-
-    def action_head(self, delta: int) -> None:
-        self._unpin()
-        self.head = (self.head + delta) % max(self.config.kda_heads, 1)
-
-    def select_head(self, head: int) -> None:
-        self._unpin()
-        self.head = max(0, min(self.config.kda_heads - 1, head))
-
-    def select_expert(self, expert: int) -> None:
-        self.expert = expert if 0 <= expert < self.config.num_experts else -1
-        if self.expert >= 0 and self.layer not in self.config.moe_layers and self.config.moe_layers:
-            self.layer = self.config.moe_layers[0]
-
-    def action_compare(self) -> None:
-        self.compare = not self.compare
-
-    def watch_layer(self) -> None:
-        self._redraw()
-
-    def watch_head(self) -> None:
-        self._redraw()
-
-    def watch_sublayer_index(self, index: int) -> None:
-        self._main.set_class(index >= 0, "-inside")
-        self._redraw()
-
-    def watch_expert(self) -> None:
-        self._redraw()
-
-    def watch_compare(self) -> None:
-        self._redraw()
-
-    # ------------------------------------------------------------------ panels, zoom
-    def action_show_panel(self, name: str) -> None:
-        if self._quitting:
-            return
-        self.shown_panel = name
-        self._apply_layout(self.size)
-        self._panels[name].focus()
-
-    def action_cycle_panel(self, delta: int) -> None:
-        i = PANELS.index(self.shown_panel if self.focused is None or self.focused.id not in PANELS
-                         else self.focused.id)
-        self.action_show_panel(PANELS[(i + delta) % len(PANELS)])
-
-    def action_zoom(self) -> None:
-        if self._quitting:
-            return
-        if not self.zoomed and self.focused is not None and self.focused.id in PANELS:
-            self.shown_panel = self.focused.id
-        self.zoomed = not self.zoomed
-        self._apply_layout(self.size)
-
-    # ------------------------------------------------------------------ modal screens
-    def action_command_palette(self) -> None:
-        """ctrl+p: the palette (K3Palette: it closes once, whatever keys are queued behind the Enter). Only
-        over the main screen: its commands act on the timeline, not on a dialog or a what-if result."""
-        if self.use_command_palette and not self._quitting and self.screen is self._main:
-            self.push_screen(K3Palette(id="--command-palette"))
-
-    def action_help(self) -> None:
-        if not self._quitting:
-            self.push_screen(HelpScreen())
-
-    def action_edit_prompt(self) -> None:
-        if self._quitting:
-            return
-
-        def done(prompt: str | None) -> None:
-            if prompt is not None:
-                self.load_session(prompt=prompt)
-
-        self.running = False
-        self.push_screen(PromptScreen(self.prompt, self.config.max_seq_len), done)
-
-    def action_preset(self) -> None:
-        if self._quitting:
-            return
-
-        def done(name: str | None) -> None:
-            if name is not None and name == self.preset and self.sim is not None:
-                self._set_message(f"already on {name}")
-            elif name is not None:
-                self.load_session(preset=name)
-
-        self.running = False
-        self.push_screen(PresetScreen(self.preset), done)
-
     # ------------------------------------------------------------------ saving, quitting
     def action_save(self) -> None:
         if self._quitting or self.sim is None:
@@ -719,26 +405,14 @@ class TinyK3App(App):
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = self.save_dir / f"tiny-k3-{self.preset.replace('/', '_')}-{stamp}.npz"
         self._set_message(f"saving to {path} …")
-        self._save_worker(self.sim, path, self.step)
+        sim, step = self.sim, self.step
 
-    @work(thread=True, exclusive=True, group="save", exit_on_error=False)
-    def _save_worker(self, sim, path: Path, step: int) -> None:
-        try:
+        def save(_) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             sim.save(path, cursor=step)
-        except (OSError, ValueError) as exc:
-            self.post_message(SaveFinished(str(path), step, error=f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(SaveFinished(str(path), step))
 
-    @on(SaveFinished)
-    def _save_finished(self, msg: SaveFinished) -> None:
-        if self._quitting:
-            return
-        if msg.error:
-            self._set_message(Text.assemble(("Not saved: ", "bold red"), msg.error))
-        else:
-            self._set_message(save_note(Path(msg.path), msg.step))
+        self.run_in_worker("save", save, lambda out: self._set_message(
+            Text.assemble(("Not saved: ", "bold red"), out.error) if out.error else save_note(path, step)))
 
     async def action_quit(self) -> None:
         """Quit now, whatever is running: jobs stop at their next cancel check (between two tokens)."""
@@ -748,13 +422,6 @@ class TinyK3App(App):
         self.exit()
 
     # ------------------------------------------------------------------ drawing
-    def _sublayer_views(self) -> tuple:
-        """The current token's sublayers (Simulation.step_into reads only the Frame), cached per step."""
-        key = (self.session, self.step)
-        if self._sublayers_key != key:
-            self._sublayers_key, self._sublayers = key, tuple(self.sim.step_into(self.step))
-        return self._sublayers
-
     def view(self) -> View | None:
         if self.sim is None:
             return None
@@ -783,77 +450,19 @@ class TinyK3App(App):
         for panel in self._panels.values():
             panel.show(view, waiting)
         if view is not None:
-            frames = self.sim.frames
-            self._timeline.update(timeline_text(frames, self.sim.prompt_len, view.step, self.driver.visited,
-                                                max(self.size.width - 4, 20)), layout=False)
-            f = view.frame
-            tops = "  ".join(f"{quoted(token_text(i))} {p:.3f}" for i, p in zip(f.top_ids.tolist(),
-                                                                                  f.top_probs.tolist()))
-            prompt = " (prompt)" if view.step < self.sim.prompt_len - 1 else ""
-            self._timeline.border_subtitle = (f"step {view.step} · position {f.position} · input "
-                                              f"{quoted(f.input_text)} → {quoted(f.token_text)}{prompt} · next: {tops}")
+            self._timeline.show(view, self.driver.visited)
             self._headline.update(routing_headline(view), layout=False)
-        self._tabs.update(Text.from_markup("  ".join(
-            (f"[reverse b] {i + 1} {name.title()} [/]" if name == self.shown_panel else
-             f"[@click=app.show_panel('{name}')] {i + 1} {name.title()} [/]") for i, name in enumerate(PANELS))
-            + "   [dim]tab / 1-4 switch · z zoom[/]"), layout=False)
+        self._tabs.show(PANELS, self.shown_panel)
         self._draw_status()
         self._draw_progress()
 
     def _draw_status(self) -> None:
-        if self._quitting or not self.is_mounted:
-            return
-        d = self.driver
-        parts = [f"[b]{self.preset}[/]"]
-        if d.sim is not None:
-            f = d.frames[self.step]
-            parts.append(f"step {self.step}/{d.visited}")
-            mlp = "MoE" if self.layer in self.config.moe_layers else "dense"
-            parts.append(f"layer {self.layer} ({self.config.layer_kinds[self.layer].upper()} · {mlp})")
-            parts.append(f"head {self.head}")
-            ms = f"{f.step_ms:.1f} ms/step" if self.show_timings else "-- ms/step"
-            if self.compare:
-                ms += f" (twin {f.twin_step_ms:.1f})" if self.show_timings else " (twin --)"
-            parts.append(ms)
-            parts.append(d.weights)
-            parts.append(f"device {d.sim.device}")
-        if self.running:
-            parts.append("[b green]▶ running[/]")
-        if self.compare:
-            parts.append("[b cyan]compare: hybrid vs twin[/]")
-        if d.loading is not None:
-            parts.append(f"[b yellow]loading {d.loading.spec.preset} …[/]")
-        if d.whatif is not None:
-            parts.append("[b magenta]what-if …[/]")
-        self._status.update(Text.from_markup(" │ ".join(parts)), layout=False)
+        if not self._quitting and self.is_mounted:
+            self._status.show(self)
 
     def _draw_progress(self) -> None:
-        if self._quitting:
-            return
-        ticket, p = self.driver.loading, self.driver.progress
-        self._progress.display = ticket is not None or self.driver.whatif is not None
-        if ticket is None:
-            if self.driver.whatif is not None:
-                self._progress.update(self._what_if_line())
-            return
-        what = f"loading {ticket.spec.open_path or ticket.spec.preset} ({ticket.spec.expected_weights()})"
-        if p is None:
-            line = Text(f"{what}: building the model … · Esc cancels", style="bold yellow")
-        else:
-            rate = p.tokens_per_s
-            left = f" · about {(p.total - p.done) / rate:.0f} s left" if rate > 0 and p.done < p.total else ""
-            line = Text.assemble((f"{what}: ", "bold yellow"), f"{p.done:,}/{plural(p.total, 'token')} ",
-                                 (render.bar(p.done / max(p.total, 1), 20), "yellow"),
-                                 f" {p.done / max(p.total, 1):.0%} · {rate:.1f} tokens/s{left} · Esc cancels")
-        self._progress.update(line)
-
-    def _what_if_line(self) -> Text:
-        job, p = self.driver.whatif, self.driver.whatif_progress
-        what = ", ".join(describe(c) for c in job.changes) or "nothing"
-        done = 0 if p is None else p.done
-        return Text.assemble((f"what-if ({what}) at step {job.step}: ", "bold magenta"),
-                             f"token {done}/{job.steps} ", (render.bar(done / job.steps, 20), "magenta"),
-                             " · Esc cancels; the timeline is untouched")
+        if not self._quitting:
+            self._progress.show(self.driver)
 
     def _set_message(self, text: str | Text) -> None:
         if self._quitting:

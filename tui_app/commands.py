@@ -8,7 +8,8 @@ from textual import on
 from textual.command import CommandPalette, DiscoveryHit, Hit, Provider
 from textual.widgets import Button, Input, OptionList
 
-from .driver import tui_presets
+from sim.presets import tui_presets
+
 from .screens import DismissOnce
 from .whatif_menu import PALETTE
 

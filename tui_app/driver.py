@@ -29,25 +29,11 @@ from typing import Callable
 from sim import Simulation, runfile
 from sim.interventions import check_changes
 from sim.recall_moment import find_query, still_carried
-from tiny_k3.config import K3Config
-from tiny_k3.weights import CheckpointError, available_pretrained, config_for
+from sim.presets import CheckpointError, has_checkpoint, sim_preset
 
 REPO = Path(__file__).resolve().parents[1]   # the checkout (dev.py beside tui.py), when run from one
 PROGRESS_EVERY = 0.1   # seconds between progress reports: often enough for a smooth bar, rarely enough to be free
 WHAT_IF_STEPS = 8      # a what-if recomputes the cursor's frame and 7 more tokens (fewer where the context ends)
-
-
-def tui_presets() -> list[str]:
-    """The presets the TUI runs: every runnable preset, then each shipped all-softmax twin checkpoint
-    ("small-twin": `small` with every attention layer MLA, trained on the same data)."""
-    twins = [name for name in available_pretrained() if name.endswith("-twin")]
-    return K3Config.runnable_presets() + twins
-
-
-def sim_preset(name: str) -> str | K3Config:
-    """What Simulation is given for a TUI preset: the name itself, or a twin checkpoint's config (Simulation
-    takes preset names only; load_model finds the twin's shipped weights from the config)."""
-    return name if name in K3Config.presets() else config_for(name)
 
 
 def in_checkout() -> bool:
@@ -89,7 +75,7 @@ class RunSpec:
         """What a load of this spec will most likely use, for the loading line (before anything is built)."""
         if self.open_path is not None:
             return f"saved run {self.open_path}"
-        shipped = self.preset in available_pretrained()
+        shipped = has_checkpoint(self.preset)
         return "trained checkpoint" if self.weights != "random" and shipped else f"random init, seed {self.seed}"
 
 
@@ -162,6 +148,8 @@ class WhatIfJob:
 
 def weights_label(sim: Simulation, fallback: str | None = None) -> str:
     """The status line's account of the weights actually in the model."""
+    if getattr(sim, "read_only_reason", None):      # a run streamed from a released checkpoint (sim.runfile)
+        return f"{sim.weights}, read-only"
     if sim.weights == "trained":
         return f"trained checkpoint {sim.config.name}.safetensors"
     label = f"random init, seed {sim.seed}"
@@ -269,7 +257,7 @@ class Driver:
         self.step = self.goal = loaded.step
         # the whole prompt counts as seen: a run saved inside its prompt reopens with the prompt's tail shown
         self.visited = min(max(loaded.step, loaded.sim.prompt_len - 1), last)
-        self.end_reason = None
+        self.end_reason = getattr(loaded.sim, "read_only_reason", None)   # a read-only run never grows
         return True
 
     def fail_load(self, ticket: LoadTicket) -> bool:
@@ -366,6 +354,8 @@ class Driver:
         other job is in flight. Raises ValueError (one sentence) for a change that does not fit the preset."""
         if self.sim is None:
             raise ValueError("nothing is loaded yet, so there is no token to change; wait for the load.")
+        if getattr(self.sim, "read_only_reason", None):
+            raise ValueError(self.sim.read_only_reason)
         changes = check_changes(changes, self.sim.config)
         self.cancel_what_if()
         steps = max(1, min(steps, self.sim.config.max_seq_len - self.step))

@@ -1,33 +1,24 @@
 """The TUI's four panels. Each is a pure function of a `View`; the numbers come from the Simulation
-(expert_load, state_norm_history, memory_history), the pictures from sim.render, the depth layout from
-tiny_k3.attnres.DepthStream: the panels own only where things go on screen.
+(expert_load, state_norm_history, memory_history), the pictures from sim.render (which notebooks print
+too), the depth sources' names from the Frame: the panels own only where things go on screen.
 
-Panels redraw only when what they show changed (a key per panel), so stepping stays cheap on 93-layer
-presets; `invalidate()` forces the next draw (after a zoom or a layout switch changed what is visible).
+Each is a Panel (tui_app/panel.py): it redraws only when its key changes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-
 import numpy as np
-from rich.console import Console, ConsoleOptions, Group
-from rich.measure import Measurement
-from rich.segment import Segment
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.geometry import Size
-from textual.scroll_view import ScrollView
-from textual.strip import Strip
 
-from sim import Simulation, render
-from sim.frame import Frame, SublayerView
+from sim import render
+from sim.frame import Frame
 from sim.measure import saved_line
-from sim.memory import MIB_CONTEXT, cache_bytes, format_bytes, project_to_k3, state_bytes_fixed
-from sim.serving import bytes_held_ratio
-from tiny_k3.attnres import DepthStream
-from tiny_k3.config import K3Config
+from sim.memory import format_bytes, state_bytes_fixed
+from sim.render import crossover_line, depth_map, memory_table
+
+from .panel import COLUMN_GAP, Panel, SideBySide, View, plural, quoted
 
 SPARK_WIDTH = 48  # values shown in a sparkline: the most recent ones, so long runs cost the same
 
@@ -36,189 +27,12 @@ GRID_WIDTH = 56         # render.grid_shape's default: K3's 896 experts as 56 co
 TOPK_WIDTH = 44         # render.topk_table: "#  expert  score  bias  score+bias  weight" at 4 decimals
 LOAD_WIDTH = 36         # "#123 ████████████████ 42": id, a 16-cell bar (LOAD_BAR), the count
 LOAD_BAR = 16
-COLUMN_GAP = 2          # SideBySide's gap between columns
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-def quoted(text: str) -> str:
-    """A token label in quotes; token_text already escapes \\n and friends, so no repr() on top."""
-    return f"'{text}'"
-
-
-@dataclass(frozen=True)
-class View:
-    """What the panels show: everything is read from here, nothing from the app."""
-
-    sim: Simulation
-    session: int                # bumps with every loaded session: panels key their drawings on it
-    step: int
-    layer: int
-    head: int
-    sublayer: SublayerView | None   # the sublayer stepped into (Simulation.step_into), or None at token level
-    compare: bool
-    expert: int                 # selected expert, -1 none
-    sublayers: tuple = ()       # all sublayers of this token when stepped in
-    recall: object = None       # sim.recall_moment.RecallMoment when the input is a recall query's "=", else None
-    pinned: bool = False        # the state panel shows the recall moment's reading head (until j/k/h/H)
-
-    @property
-    def config(self) -> K3Config:
-        return self.sim.config
-
-    @property
-    def frame(self) -> Frame:
-        return self.sim.frames[self.step]
-
-    @property
-    def reading_head(self):
-        """The recall moment's head that reads the value back (sim.recall_moment), or None."""
-        return None if self.recall is None else self.recall.reading_head
-
-    @property
-    def pin(self):
-        """The head the state panel is pinned to (the reading head at a recall query), or None."""
-        return self.reading_head if self.pinned else None
-
-    @property
-    def kda_layer(self) -> int | None:
-        """The KDA layer the state panel shows: the pinned reading head's, else the selected layer, else the
-        nearest KDA layer below it."""
-        if self.pin is not None:
-            return self.pin.layer
-        below = [i for i in self.config.kda_layers if i <= self.layer]
-        return below[-1] if below else (self.config.kda_layers[0] if self.config.kda_layers else None)
-
-    @property
-    def kda_head(self) -> int:
-        """The KDA head the state panel shows: the pinned reading head, else the selected head."""
-        return self.pin.head if self.pin is not None else min(self.head, self.config.kda_heads - 1)
-
-
-# ---------------------------------------------------------------------------------------- panels
-
-
-class Panel(ScrollView):
-    """A focusable, scrollable panel that draws one Rich renderable with the Line API.
-
-    The renderable is turned into lines once per change, at the panel's width; scrolling and repaints
-    then only crop those lines. Nothing is measured or laid out again, so a step repaints only what
-    changed (a Static would re-measure its content and re-flow the whole screen on every update).
-    """
-
-    can_focus = True
-    TITLE = ""
-
-    def __init__(self, **kwargs):
-        super().__init__(classes="panel", **kwargs)
-        self.border_title = self.TITLE
-        self._key = None
-        self._shown: tuple = (None, None)
-        self._lines: list[Strip] = []
-
-    @property
-    def inner_width(self) -> int:
-        return max(self.scrollable_content_region.width, 20)
-
-    @property
-    def inner_height(self) -> int:
-        return self.scrollable_content_region.height
-
-    @property
-    def text(self) -> str:
-        """Everything the panel holds as plain text, also what is scrolled out of view."""
-        return "\n".join(line.text for line in self._lines)
-
-    def invalidate(self) -> None:
-        self._key = None
-
-    def show(self, view: View | None, message: str | None = None) -> None:
-        self._shown = (view, message)
-        if not self.is_mounted or self.size.width == 0 or not self.display:
-            return                          # hidden: drawn when shown again (on_resize / invalidate)
-        key = ("msg", message, self.inner_width) if view is None else (self.inner_width, *self.key(view))
-        if key == self._key:
-            return
-        self._key = key
-        if view is None:
-            return self._set(Text(message or "", style="italic"))
-        try:
-            title, renderable = self.draw(view)
-        except Exception as exc:  # noqa: BLE001 - a drawing bug must not take the session down
-            title = self.TITLE
-            renderable = Text(f"could not draw this panel: {type(exc).__name__}: {exc}", style="bold red")
-        if title != self.border_title:
-            self.border_title = title
-        self._set(renderable)
-
-    def _set(self, renderable) -> None:
-        console, width = self.app.console, self.inner_width
-        options = console.options.update(width=width, highlight=False)
-        lines = console.render_lines(renderable, options, pad=True, new_lines=False)
-        self._lines = [Strip(line, width) for line in lines]   # padded to `width`: no need to measure
-        # a virtual size change re-flows the whole screen: keep it at least the panel's height
-        size = Size(width, max(len(self._lines), self.inner_height))
-        if size != self.virtual_size:
-            self.virtual_size = size
-        self.refresh()
-
-    def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width, style = self.scrollable_content_region.width, self.rich_style
-        i = scroll_y + y
-        if i >= len(self._lines):
-            return Strip.blank(width, style)
-        return self._lines[i].crop_extend(scroll_x, scroll_x + width, style).apply_style(style)
-
-    def on_resize(self) -> None:
-        self.show(*self._shown)
-
-    # Each panel says what it shows (Routing-, State-, Memory-, DepthPanel): Panel itself is never mounted.
-    def key(self, view: View) -> tuple:  # pragma: no cover - every panel defines it
-        """What this panel's picture depends on: an equal key means nothing to redraw."""
-        raise NotImplementedError(f"{type(self).__name__} must define key(view)")
-
-    def draw(self, view: View):  # pragma: no cover - every panel defines it
-        """The Rich renderable for view."""
-        raise NotImplementedError(f"{type(self).__name__} must define draw(view)")
-
-
-class SideBySide:
-    """Renderables in columns of fixed widths (None: the renderable's own width), drawn line by line.
-
-    Unlike a Table.grid it never measures its cells' content, so a 896-cell grid is built and drawn once.
-    """
-
-    def __init__(self, parts: list[tuple[object, int | None]], gap: int = COLUMN_GAP):
-        self.parts, self.gap = parts, gap
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions):
-        columns = []
-        for renderable, width in self.parts:
-            if width is None:
-                width = Measurement.get(console, options, renderable).maximum
-            lines = console.render_lines(renderable, options.update(width=width), pad=True)
-            columns.append((width, lines))
-        gap = Segment(" " * self.gap)
-        for y in range(max(len(lines) for _, lines in columns)):
-            for i, (width, lines) in enumerate(columns):
-                if i:
-                    yield gap
-                yield from lines[y] if y < len(lines) else [Segment(" " * width)]
-            yield Segment.line()
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        widths = [w if w is not None else Measurement.get(console, options, r).maximum for r, w in self.parts]
-        total = sum(widths) + self.gap * (len(widths) - 1)
-        return Measurement(total, total)
 
 
 # ---------------------------------------------------------------------------------------- routing
 
 
-def active_line(config: K3Config) -> Text:
+def active_line(config) -> Text:
     """The sparsity in one line, computed for the preset shown (K3: 16 of 896 = 1.8%)."""
     frac = config.top_k / config.num_experts
     return Text(f"{config.top_k} of {config.num_experts} experts = {frac:.1%} of expert parameters active",
@@ -371,64 +185,6 @@ def carried_line(moment) -> Text:
 # ---------------------------------------------------------------------------------------- memory
 
 
-def crossover_tokens(config: K3Config) -> int | None:
-    """The first token count at which the hybrid's cache is smaller than its all-MLA twin's (sim.memory's
-    analytic bytes, which equal the measured ones): the fixed KDA states are a head start that the twin's
-    faster-growing KV cache overtakes (k3_facts.md §5a). None when it never does (no KDA layers)."""
-    twin = config.twin()
-
-    def smaller(n: int) -> bool:
-        return sum(cache_bytes(config, n)) < sum(cache_bytes(twin, n))
-
-    hi = 1
-    while not smaller(hi):                  # both grow linearly: double until past it, then bisect
-        if hi > MIB_CONTEXT * 1024:
-            return None
-        hi *= 2
-    lo = hi // 2                            # smaller(lo) is False (or lo == 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if smaller(mid) else (mid, hi)
-    return hi
-
-
-def crossover_line(config: K3Config, tokens: int) -> Text:
-    n = crossover_tokens(config)
-    if n is None:
-        return Text("no KDA layers here: hybrid and twin grow alike", style="bold")
-    if tokens < n:
-        return Text.assemble(("hybrid larger until token ", "bold yellow"), (f"{n:,}", "bold yellow"),
-                             f" (now {tokens:,}); r: watch it cross")
-    return Text.assemble(("hybrid smaller since token ", "bold green"), (f"{n:,}", "bold green"),
-                         ": from here the twin only pulls away")
-
-
-def memory_table(frame: Frame, config: K3Config, bar_width: int) -> Table:
-    """Measured bytes of this run, then K3 at as many tokens and at 1M: hybrid, twin, the ratio twin ÷ hybrid."""
-    n = frame.position + 1
-    now, far = project_to_k3(n), project_to_k3(MIB_CONTEXT)
-    t = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), show_edge=False)   # one cell between columns
-    t.add_column("", no_wrap=True)
-    t.add_column("hybrid", justify="right", style="green", no_wrap=True)
-    t.add_column("twin", justify="right", style="blue", no_wrap=True)
-    t.add_column("twin ÷ hybrid", justify="right", no_wrap=True)
-    if bar_width:
-        t.add_column("", no_wrap=True)
-    rows = [("this run", frame.memory.total_bytes, frame.memory.twin_kv_bytes), ("K3 now", now.hybrid, now.twin),
-            ("K3 at 1M", far.hybrid, far.twin)]
-    held = {"K3 now": n, "K3 at 1M": MIB_CONTEXT}                 # K3's ratios: sim.serving's (bytes, not speed)
-    for title, hybrid, twin in rows:
-        r = bytes_held_ratio(held[title]) if title in held else twin / hybrid if hybrid else 0.0
-        ratio = "-" if not hybrid else f"{r:.2f}x" if twin >= 0.1 * hybrid else f"{r:.2g}x"
-        cells = [title, format_bytes(hybrid), format_bytes(twin), ratio]
-        if bar_width:
-            top = max(hybrid, twin, 1)
-            cells.append(Text.assemble((render.bar(hybrid / top, bar_width), "green"), "\n",
-                                       (render.bar(twin / top, bar_width), "blue")))
-        t.add_row(*cells)
-    return t
-
-
 class MemoryPanel(Panel):
     """Cache bytes: the hybrid's fixed KDA states + MLA latents vs the all-softmax twin (k3_facts.md §5a).
 
@@ -473,7 +229,7 @@ class MemoryPanel(Panel):
         return f"Memory · {plural(tokens, 'token')}", Group(*parts)
 
 
-def _per_layer_table(cfg: K3Config, frame: Frame) -> Group:
+def _per_layer_table(cfg, frame: Frame) -> Group:
     table = Table(box=None, padding=(0, 1), pad_edge=False)
     table.add_column("layers")
     table.add_column("hybrid", justify="right")
@@ -490,64 +246,6 @@ def _per_layer_table(cfg: K3Config, frame: Frame) -> Group:
 # ---------------------------------------------------------------------------------------- depth
 
 
-@lru_cache(maxsize=16)
-def source_names(residual: str, block_size: int, reads: int) -> tuple[tuple[str, ...], ...]:
-    """The names of the sources each of `reads` depth reads sees, in execution order (read j comes after
-    j sublayer outputs): DepthStream's own bookkeeping, replayed with 0.0 standing in for every tensor
-    (only the names are kept)."""
-    stream = DepthStream(0.0, residual, block_size)
-    names = []
-    for _ in range(reads):
-        names.append(tuple(stream.source_names()))
-        stream.add(0.0)
-    return tuple(names)
-
-
-def depth_map(frame: Frame, config: K3Config, lo: int, rows: int, marks: dict[str, str] | None = None) -> Text:
-    """AttnRes depth weights, rows lo..lo+rows of the token's depth reads, one column per named source.
-
-    Columns: emb (the embedding), b1, b2, ... (completed block sums), partial (the open block's running
-    sum, if the read has one). Each row's weights sum to 1; a cell's shade is its weight on a 0..1 scale.
-    marks: row label ("L0 attn") -> a note appended to that row (the recall moment's top sublayers).
-    """
-    reads = [d for d in frame.depth if d.weights.size]
-    names = source_names(config.residual, config.attnres_block_size, len(reads))
-    blocks = max(sum(n.startswith("b") for n in row) for row in names)
-    columns = ["emb"] + [f"b{i}" for i in range(1, blocks + 1)] + ["partial"]
-    label_w = len(f"L{config.num_layers - 1} attn")
-    cell = max(len(c) for c in columns[:-1])      # "emb", "b1".. right-aligned in 3 cells over 2 shade cells
-    out = Text(no_wrap=True, overflow="crop")
-    out.append(" " * label_w + "".join(c.rjust(cell) for c in columns[:-1]) + " " + columns[-1] + "\n",
-               style="bold")
-    for d, row_names in list(zip(reads, names))[lo:lo + rows]:
-        label = "out" if d.site == "out" else f"L{d.layer} {d.site}"
-        out.append(label.rjust(label_w))
-        by_name = dict(zip(row_names, d.weights.tolist()))
-        for c in columns:
-            w = by_name.get(c)
-            if w is None:
-                out.append("·".rjust(cell), style="dim")
-            else:
-                out.append(" " + _shade_glyph(w) * (cell - 1), style=_weight_style(w))
-        if marks and label in marks:
-            out.append(f" ◀ {marks[label]}", style="bold magenta")
-        out.append("\n")
-    out.rstrip()
-    return out
-
-
-def _shade_glyph(w: float) -> str:
-    """A weight in [0, 1] as one of render.SHADES ' ░▒▓█', so the map reads without colour too."""
-    shades = render.SHADES
-    return shades[min(len(shades) - 1, 1 + int(w * (len(shades) - 1)))] if w > 0 else shades[0]
-
-
-def _weight_style(w: float) -> str:
-    """Green by weight: dark at 0, bright at 1 (render.WEIGHT_HIGH)."""
-    r, g, b = (round(lo + (hi - lo) * min(max(w, 0.0), 1.0)) for lo, hi in zip(render.DARK, render.WEIGHT_HIGH))
-    return f"rgb({r},{g},{b})"
-
-
 class DepthPanel(Panel):
     """Attention Residuals: how each sublayer mixes the depth sources, and |h| by depth (attnres.md §2)."""
 
@@ -558,7 +256,7 @@ class DepthPanel(Panel):
                 self.inner_height, v.recall is None)
 
     def draw(self, v: View):
-        frame, cfg = v.frame, v.config
+        frame = v.frame
         reads = [d for d in frame.depth if d.weights.size]
         parts = []
         if v.compare:
@@ -584,7 +282,7 @@ class DepthPanel(Panel):
         rows = max(4, self.inner_height - above - 3)
         lo = max(0, min(2 * v.layer - rows // 2, len(reads) - rows))   # reads 2L and 2L+1 are layer L's
         window = "" if len(reads) <= rows else f"rows {lo}-{min(lo + rows, len(reads)) - 1} of {len(reads)} (j/k move)"
-        parts.append(depth_map(frame, cfg, lo, rows, marks))
+        parts.append(depth_map(frame, lo, rows, marks))
         if window:
             parts.append(Text(window, style="dim"))
         norms = np.array([d.h_norm for d in frame.depth], dtype=np.float32)
@@ -631,9 +329,8 @@ def _stepped_in(v: View) -> list:
         detail.add_row("next", "  ".join(f"{quoted(text)} {p:.2f}" for _, text, p in sub.top))
     weights = sub.depth.weights if sub.depth is not None else ()
     if len(weights):
-        reads = [d for d in v.frame.depth if d.weights.size]
-        j = next(i for i, d in enumerate(reads) if d is sub.depth)
-        names = source_names(v.config.residual, v.config.attnres_block_size, len(reads))[j]
+        j = next(i for i, d in enumerate(v.frame.depth) if d is sub.depth)
+        names = v.frame.depth_sources[j]
         detail.add_row(Text("AttnRes", style="bold"), Text("weights over the depth sources", style="bold"))
         for name, w in zip(names, weights):
             detail.add_row(f"  {name}", Text(f"{float(w):.3f} " + "█" * int(round(float(w) * 20)), style="magenta"))
@@ -647,31 +344,3 @@ def _resample(values: np.ndarray, width: int) -> np.ndarray:
         return values
     edges = np.linspace(0, len(values), width + 1).astype(int)
     return np.array([values[a:b].max() for a, b in zip(edges[:-1], edges[1:])])
-
-
-# ---------------------------------------------------------------------------------------- tokens
-
-
-def timeline_text(frames: list[Frame], prompt_len: int, step: int, visited: int, width: int) -> Text:
-    """The tokens around the cursor that fit `width`: prompt dim, generated bold, cursor reversed.
-
-    Only frames up to `visited` are shown (the rest is look-ahead the learner has not asked for).
-    """
-    end = min(visited, len(frames) - 1)
-    pieces, used = [], 0
-    for i in range(end, -1, -1):
-        f = frames[i]
-        style = "reverse bold yellow" if i == step else ("dim" if i < prompt_len else "bold")
-        if i > step:
-            style = "dim italic"
-        pieces.append((f.input_text, style))
-        used += len(f.input_text)
-        if used > width - 12 and i < step - 4:   # keep 12 cells for " → " and the next token
-            break
-    pieces.reverse()
-    text = Text.assemble(*pieces)
-    if end == step:
-        text.append(" → ", style="dim")
-        text.append(frames[end].token_text, style="bold green")
-    return text
-

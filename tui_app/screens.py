@@ -17,9 +17,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tiny_k3.weights import config_for
+from sim.presets import config_for, tui_presets
+from sim.prompt import prompt_limit
 
-from .driver import tui_presets
 from .help import help_renderable
 
 
@@ -52,15 +52,14 @@ class PromptScreen(Dialog):
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, prompt: str, max_len: int):
+    def __init__(self, prompt: str, config):
         super().__init__()
-        self.prompt, self.max_len = prompt, max_len
+        self.prompt, self.config = prompt, config      # config: the K3Config whose limit the label states
 
     def compose(self) -> ComposeResult:
         with Vertical(id="prompt-box", classes="dialog"):
-            yield Static(f"[b]Prompt[/b]: each UTF-8 byte is a token; this preset holds {self.max_len:,} tokens in "
-                         f"all, so up to {self.max_len - 2:,} bytes leave room to generate. Enter runs it, "
-                         f"Escape cancels.", classes="dialog-label")
+            yield Static(f"[b]Prompt[/b]: each UTF-8 byte is a token; {prompt_limit(self.config)} to leave room "
+                         f"to generate. Enter runs it, Escape cancels.", classes="dialog-label")
             yield Input(value=self.prompt, id="prompt-input", select_on_focus=False)
 
     def on_mount(self) -> None:

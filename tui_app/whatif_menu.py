@@ -20,7 +20,7 @@ from textual.widgets.option_list import Option
 from sim.interventions import (AblateExpert, ForceExperts, NoSelectionBias, ResetState, ScaleDecay, TruncateContext,
                                UniformDepth)
 
-from .panels import View, plural
+from .panel import View, plural
 from .screens import Dialog
 
 # the command palette's what-ifs: whole-model changes that need no panel, layer or head

@@ -21,7 +21,8 @@ from sim.interventions import describe
 from sim.whatif import WhatIf, branch_timeline
 
 from .footer import K3Footer
-from .panels import DepthPanel, MemoryPanel, RoutingPanel, StatePanel, View, quoted
+from .panel import View, quoted
+from .panels import DepthPanel, MemoryPanel, RoutingPanel, StatePanel
 from .screens import Dialog
 
 PANEL_CLASSES = {"routing": RoutingPanel, "state": StatePanel, "depth": DepthPanel, "memory": MemoryPanel}

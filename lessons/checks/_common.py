@@ -2,8 +2,10 @@
 
 Every check is registered with `@register(...)`: its exercise number ("1.1"), the name of its reference solution,
 a difficulty (1 = warm-up, 2 = core, 3 = stretch), the minutes a learner typically needs, the spec `try_exercise`
-prints while the stub is not written (shapes and meaning, no formula), and two hints: level 1 names the idea,
-level 2 gives the formula. `hint("1.1")`, `hint("route", 2)` or `hint(check_route, 2)` print them.
+prints while the stub is not written (shapes and meaning, no formula), and three hints, a ladder a learner climbs
+only as far as needed: rung 1 names the idea, rung 2 the shape of the computation (shapes and operations in words
+or pseudo-maths, no code), rung 3 the code. `hint("1.1")`, `hint("route", 2)` or `hint(check_route, 3)` print
+them; tests/test_hints.py keeps the solution's code out of every rung but the last.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def _passed(name: str, what: str) -> None:
 
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise: what the learner writes, how hard it is, and the two hints."""
+    """One exercise: what the learner writes, how hard it is, and its rungs of hints."""
 
     number: str          # "1.1": lesson 1, exercise 1
     solution: str        # the name of the reference solution in lessons/solutions/ (and of @exercise(...))

@@ -17,8 +17,12 @@ my_route(scores, bias, top_k) -> (expert_ids, weights)
 Checked against tiny_k3.moe.route on random routers with E = 12, 56 and 896 (k3_facts.md §1c, §3b).
 """,
           hints=('The bias decides WHO is chosen; the unbiased scores decide HOW MUCH each chosen expert counts.',
-                 'ids = (scores + bias).topk(top_k, dim=-1).indices;  w = scores.gather(-1, ids);  w / w.sum(-1, '
-                 'keepdim=True)'))
+                 'scores [T, E] plus bias [E] (broadcast over the T tokens) gives the biased scores [T, E]. The k '
+                 'largest along the expert axis give expert_ids [T, k]. Look up the UNBIASED scores at those ids: '
+                 '[T, k]. Divide each row by its own sum, so that the k weights of a token add up to 1. Two '
+                 'results, both [T, k].',
+                 'expert_ids = (scores + bias).topk(top_k, dim=-1).indices\n'
+                 '  chosen = scores.gather(-1, expert_ids);  weights = chosen / chosen.sum(-1, keepdim=True)'))
 def check_route(fn) -> None:
     from tiny_k3.moe import route
 
@@ -87,10 +91,13 @@ my_active_params(parts, num_experts, top_k) -> int
   returns the parameters ONE token touches (the convention behind K3's "104B active", k3_facts.md §1d).
 Checked against tiny_k3.parameter_counts for tiny, small, mini-56/1, mini-896/16 and k3.
 """,
-          hints=('A token multiplies every weight except the idle routed experts; the input embedding is a lookup, not'
-                 ' a matmul.',
-                 "sum(parts.values()) - parts['embedding'] - parts['routed_experts'] * (num_experts - top_k) // "
-                 'num_experts'))
+          hints=('A token multiplies every weight except the idle routed experts; the input embedding is a lookup, '
+                 'not a matmul.',
+                 "Start from the sum of every part's count. Take away the embedding (a lookup). Of the routed "
+                 'experts a token uses top_k out of num_experts: take away the idle share, routed × (num_experts − '
+                 'top_k) / num_experts, in whole numbers (floor division). One int out.',
+                 "idle = parts['routed_experts'] * (num_experts - top_k) // num_experts\n"
+                 "  return sum(parts.values()) - parts['embedding'] - idle"))
 def check_active_params(fn) -> None:
     from tiny_k3 import K3Config, parameter_breakdown, parameter_counts
 
@@ -145,6 +152,9 @@ Checked against tiny_k3.moe.Router.update_bias, on loads where some experts sit 
 """,
           hints=('Every bias moves by the same fixed step γ; only the direction depends on the load (and a balanced '
                  'expert does not move).',
+                 "bias [E], load [E], a float rate. Compare each expert's load with the mean over all E experts: "
+                 'below the mean gives +1, above gives −1, exactly at the mean gives 0 (the sign of mean − load). '
+                 'That [E] vector of +1 / 0 / −1, times the rate, added to the bias, is the new bias [E].',
                  "bias + rate * torch.sign(load.mean() - load)      (sign(0) = 0 keeps a balanced expert's bias)"))
 def check_bias_update(fn) -> None:
     from tiny_k3.moe import Router

@@ -17,10 +17,14 @@ my_kda_step(S, q, k, v, g, beta, scale) -> (o, S_new)       one token, one head 
   three steps: forget (per key channel), write with the delta rule, read from the new state.
 Checked against tiny_k3.kda.kda_recurrent (T = 1) in float64, with K ≠ V (e.g. K = 6, V = 5).
 """,
-          hints=('Decay each ROW d of S by its own exp(g_d); then write only the error between v and what the decayed '
-                 'memory already returns for k; then read with the scaled query from the NEW state.',
-                 'S_dec = g.exp()[:, None] * S;  S_new = S_dec + beta * torch.outer(k, v - S_dec.T @ k);  o = S_new.T '
-                 '@ (scale * q)'))
+          hints=('Decay each ROW d of S by its own exp(g_d); then write only the error between v and what the '
+                 'decayed memory already returns for k; then read with the scaled query from the NEW state.',
+                 'Three moves, S keeps its shape [K, V] throughout. Forget: multiply row d of S by exp(g_d) (g [K] '
+                 "broadcast down the rows) → S'. Write: what S' returns for key k is S'ᵀk [V]; the error is v − "
+                 "S'ᵀk [V]; add β times the outer product k (v − S'ᵀk)ᵀ [K, V] → S_new. Read: S_newᵀ (scale · q) → "
+                 'o [V].',
+                 'S_dec = g.exp()[:, None] * S;  S_new = S_dec + beta * torch.outer(k, v - S_dec.T @ k)\n'
+                 '  o = S_new.T @ (scale * q);  return o, S_new'))
 def check_kda_step(fn) -> None:
     from tiny_k3.kda import kda_recurrent
 
@@ -101,8 +105,13 @@ Checked against tiny_k3.kda.kda_gate.
 """,
           hints=('Both forms add the per-channel offset dt_bias and scale by the per-head rate exp(A_log); the '
                  'softplus form negates, the bounded form squeezes into (lower_bound, 0) with a sigmoid.',
-                 'x = g_raw + dt_bias.view(H, K);  a = A_log.exp()[:, None]\n'
-                 '  None:  g = -a * softplus(x)            bounded:  g = lower_bound * sigmoid(a * x)'))
+                 'Lay dt_bias [H·K] out head-major as [H, K] and add it to g_raw [T, H, K]. The rate exp(A_log) is '
+                 'one number per head: give it the shape [H, 1] so that it broadcasts over the K channels. Without '
+                 'a bound: minus the rate times softplus of the sum. With one: lower_bound times the sigmoid of '
+                 '(rate times the sum). Result [T, H, K], every entry ≤ 0.',
+                 'H, K = g_raw.shape[-2:];  x = g_raw + dt_bias.view(H, K);  rate = A_log.exp()[:, None]\n'
+                 '  None:  return -rate * F.softplus(x)            bounded:  return lower_bound * '
+                 'torch.sigmoid(rate * x)'))
 def check_kda_gate(fn) -> None:
     from torch.nn.functional import softplus
 
@@ -163,10 +172,14 @@ my_read_weights(q, k, g) -> a                                  one head, the rea
 Checked against the delta rule replayed step by step (sim.recall_moment.delta_rule_reads_and_writes).
 """,
           hints=("Unroll the recurrence: the write of token d is made after token d's own decay, and every later "
-                 "token d+1 … t multiplies key row c of the state by exp(g_s[c]) again. So the read sees k_d decayed "
-                 "channel by channel, dotted with q.",
-                 'decay d→t per channel: exp(Σ_{s=d+1}^{t} g_s)  =  exp(reverse cumsum of g − g)\n'
-                 '  after = g.flip(0).cumsum(0).flip(0) - g;   a = (k * after.exp()) @ q'))
+                 'token d+1 … t multiplies key row c of the state by exp(g_s[c]) again. So the read sees k_d '
+                 'decayed channel by channel, dotted with q.',
+                 'For token d and channel c the write fades by exp(Σ_{s=d+1}^{t} g_s[c]) before the read at t: a '
+                 'sum over the rows of g [t+1, K] AFTER row d. A cumulative sum taken from the last row backwards '
+                 "gives Σ_{s=d}^{t}; take row d's own g back out. Multiply k [t+1, K] elementwise by exp of that, "
+                 'then contract the K axis with q [K] → a [t+1].',
+                 'after = g.flip(0).cumsum(0).flip(0) - g      # Σ_{s=d+1}^{t} g_s per channel\n'
+                 '  return (k * after.exp()) @ q'))
 def check_read_weights(fn) -> None:
     from sim.recall_moment import delta_rule_reads_and_writes
 

@@ -24,8 +24,13 @@ Checked against sim.memory.cache_bytes (which tests prove equal to the bytes of 
 """,
           hints=('Only MLA layers cache, and they cache one latent per token for all heads (docs/mla.md §2), in the '
                  "weights' dtype.",
-                 'tokens * len(config.mla_layers) * config.mla_cache_width * config.dtype_bytes   (mla_cache_width = '
-                 'kv_lora_rank + qk_rope_dim; K3: 24 × 576 × 2 = 27,648 B per token)'))
+                 'Per token and per MLA layer the cache holds the latent (kv_lora_rank values) and the shared rope '
+                 'key (qk_rope_dim values); config.mla_cache_width is their sum. Multiply by the number of MLA '
+                 'layers (the length of config.mla_layers), by the bytes of one value (config.dtype_bytes) and by '
+                 'tokens. K3: 24 × 576 × 2 = 27,648 B per token.',
+                 'per_token = len(config.mla_layers) * (config.kv_lora_rank + config.qk_rope_dim) * '
+                 'config.dtype_bytes\n'
+                 '  return tokens * per_token'))
 def check_mla_cache_bytes(fn) -> None:
     from sim.memory import cache_bytes
 
@@ -72,11 +77,15 @@ my_kda_state_bytes(config) -> int
   recurrent state and the short convolution's tail (lesson 2, section 4).
 Checked against sim.memory.state_bytes_fixed.
 """,
-          hints=("The state S is [H, K, V] per layer and is kept in float32 whatever the weights' dtype; the conv tail"
-                 " keeps the last W − 1 inputs of q, k and v in the weights' dtype.",
-                 'per KDA layer: H·K·V·4  +  (W − 1)·(2·H·K + H·V)·dtype_bytes,  H = kda_heads, K = V = kda_head_dim, '
-                 'W = kda_conv_kernel\n'
-                 '  K3: 69 × 96 × 128 × 128 × 4 + 69 × 3 × 36,864 × 2 = 449 MB (k3_facts.md §5a)'))
+          hints=("The state S is [H, K, V] per layer and is kept in float32 whatever the weights' dtype; the conv "
+                 "tail keeps the last W − 1 inputs of q, k and v in the weights' dtype.",
+                 'per KDA layer: H·K·V·4  +  (W − 1)·(2·H·K + H·V)·dtype_bytes,  H = kda_heads, K = V = '
+                 'kda_head_dim, W = kda_conv_kernel; then times the number of KDA layers.\n'
+                 '  K3: 69 × 96 × 128 × 128 × 4 + 69 × 3 × 36,864 × 2 = 449 MB (k3_facts.md §5a)',
+                 'H, K = config.kda_heads, config.kda_head_dim;  V = K\n'
+                 '  state = H * K * V * 4;  conv = (config.kda_conv_kernel - 1) * (2 * H * K + H * V) * '
+                 'config.dtype_bytes\n'
+                 '  return len(config.kda_layers) * (state + conv)'))
 def check_kda_state_bytes(fn) -> None:
     from sim.memory import state_bytes_fixed
 

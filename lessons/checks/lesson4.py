@@ -18,8 +18,12 @@ Checked against tiny_k3.attnres.depth_attention.
 """,
           hints=('Keys are the sources through an RMSNorm (with its gain); the logits are key · query with no 1/√D; '
                  'the softmax runs over the N sources; h mixes the RAW sources.',
+                 'sources [N, D]. Keys: each row divided by its root-mean-square over the D channels (eps 1e-6 '
+                 'inside the root), times the gain norm_weight [D] → keys [N, D]. Logits: each key dotted with '
+                 'query [D] → [N], with no 1/√D. Softmax over the N logits → weights [N]. h: the weighted sum of '
+                 'the RAW source rows → [D].',
                  'keys = sources * torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight\n'
-                 '  weights = (keys @ query).softmax(0);  h = weights @ sources'))
+                 '  weights = (keys @ query).softmax(0);  return weights @ sources, weights'))
 def check_depth_attention(fn) -> None:
     from tiny_k3.attnres import depth_attention
     from tiny_k3.norm import rms_norm
@@ -89,8 +93,13 @@ Checked against tiny_k3.attnres.DepthStream.
 """,
           hints=('b_0 is the embedding alone; each completed block of S outputs becomes ONE source (its own sum); a '
                  'started block adds its partial sum.',
-                 '[embedding] + [sum(outputs[i:i + S]) for i in range(0, len(outputs), S)]   (the last slice is the '
-                 'partial sum when len(outputs) % S > 0)'))
+                 'Walk outputs in slices of S neighbours: outputs 0 … S−1, then S … 2S−1, and so on; the last slice '
+                 'may be shorter (the block in progress). Each slice becomes one tensor, the sum of its members '
+                 '(shape of the embedding). The list is the embedding followed by one sum per slice: 1 + '
+                 '⌈(number of outputs) / S⌉ sources.',
+                 'sources = [embedding]\n'
+                 '  for start in range(0, len(outputs), block_size):\n'
+                 '      sources.append(sum(outputs[start:start + block_size], torch.zeros_like(embedding)))'))
 def check_block_sources(fn) -> None:
     from tiny_k3.attnres import DepthStream
 

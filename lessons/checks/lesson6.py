@@ -47,8 +47,14 @@ Checked against the events a real TinyK3 forward pass reports (tiny_k3.TraceReco
 """,
           hints=("config.layer_kinds gives each layer's attention kind (K3: MLA every 4th layer and the last); the "
                  'first config.first_k_dense layers have a dense MLP, the rest MoE.',
-                 "['embed'] + [x for i, kind in enumerate(config.layer_kinds) for x in (kind, 'dense' if i < "
-                 "config.first_k_dense else 'moe')] + ['head']"))
+                 "A flat list of strings: 'embed' first and 'head' last. In between, for each layer i in order, two "
+                 "entries: its attention kind (entry i of config.layer_kinds, 'kda' or 'mla'), then its MLP: "
+                 "'dense' while i is below config.first_k_dense, 'moe' from there on. For L layers that is 2L + 2 "
+                 'entries.',
+                 "order = ['embed']\n"
+                 '  for i, kind in enumerate(config.layer_kinds):\n'
+                 "      order += [kind, 'dense' if i < config.first_k_dense else 'moe']\n"
+                 "  return order + ['head']"))
 def check_sublayer_order(fn) -> None:
     for cfg in _traced_configs():
         want = ["embed", *_trace_config(cfg)[0], "head"]
@@ -87,8 +93,13 @@ Checked against the depth weights a real TinyK3 forward pass reports.
           hints=("Number the sublayers: layer i's attention is sublayer 2i, its MLP 2i + 1, the head's read "
                  '2·num_layers. Before sublayer j, j outputs exist; count the embedding, the completed blocks and a '
                  'started block.',
-                 "j = 2 * layer + (site == 'mlp');  S = 1 if config.residual == 'full' else config.attnres_block_size\n"
-                 '  1 + j // S + (j % S > 0)'))
+                 "Give the read an index j: 2·layer for 'attn', 2·layer + 1 for 'mlp' ('out' comes with layer = "
+                 'num_layers, so j = 2·num_layers). j is also how many sublayer outputs exist before the read. With '
+                 'block size S (S = 1 for Full AttnRes) they fill ⌊j / S⌋ completed blocks, plus one started block '
+                 'when S does not divide j. Add 1 for the embedding.',
+                 "block = 1 if config.residual == 'full' else config.attnres_block_size\n"
+                 "  done = 2 * layer + (1 if site == 'mlp' else 0)\n"
+                 '  return 1 + done // block + (1 if done % block else 0)'))
 def check_num_sources(fn) -> None:
     for cfg in _traced_configs():
         if cfg.residual == "standard":

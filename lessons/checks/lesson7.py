@@ -30,10 +30,14 @@ my_ablated_route(scores, bias, top_k, ablated) -> (expert_ids, weights)
   both [T, top_k] (ids in any order). Everything else is lesson 1's routing.
 Checked against what sim.interventions.AblateExpert does inside the model (tiny_k3.hooks).
 """,
-          hints=("An ablated expert must lose the *selection*, whatever its score and bias: make its biased score "
-                 "smaller than every other before top-k, and the next expert in line takes the slot.",
-                 "biased = scores + bias; biased[:, ablated] = -inf; ids = biased.topk(top_k).indices\n"
-                 "  w = scores.gather(-1, ids); w / w.sum(-1, keepdim=True)"))
+          hints=('An ablated expert must lose the *selection*, whatever its score and bias: make its biased score '
+                 'smaller than every other before top-k, and the next expert in line takes the slot.',
+                 'Routing as in 1.1 with one change before the top-k: on a copy of the biased scores [T, E], set '
+                 'the columns of the ablated experts to minus infinity, for every token. Then the k largest → ids '
+                 '[T, k]; the weights come from the UNBIASED scores at those ids, divided by their row sum → [T, k].',
+                 "biased = scores + bias;  biased[:, list(ablated)] = float('-inf')\n"
+                 '  ids = biased.topk(top_k, dim=-1).indices;  w = scores.gather(-1, ids);  return ids, w / '
+                 'w.sum(-1, keepdim=True)'))
 def check_ablated_route(fn) -> None:
     g = torch.Generator().manual_seed(7)
     T, E, k = 6, 24, 4
@@ -101,9 +105,13 @@ my_kl(p_logits, q_logits) -> float
   Return KL(p || q) in nats: how surprised, on average, the original's choices would be under the branch.
 Checked against sim.whatif.kl_divergence, the number Simulation.what_if reports as WhatIf.kl.
 """,
-          hints=("Turn each row of logits into probabilities with a softmax first; KL weights the log-ratio by the "
-                 "*original* distribution p and uses the natural log.",
-                 "p = softmax(p_logits); q = softmax(q_logits); sum(p * (log p - log q))"))
+          hints=('Turn each row of logits into probabilities with a softmax first; KL weights the log-ratio by the '
+                 '*original* distribution p and uses the natural log.',
+                 'Two logit vectors [V] become two distributions p and q (a softmax over V each; work with '
+                 'log-softmax, which stays finite where a probability underflows). KL(p ‖ q) = Σ_v p_v (log p_v − '
+                 'log q_v): one number ≥ 0, in nats, returned as a Python float (not a 0-d tensor).',
+                 'lp, lq = torch.log_softmax(p_logits, -1), torch.log_softmax(q_logits, -1)\n'
+                 '  return float((lp.exp() * (lp - lq)).sum())'))
 def check_kl(fn) -> None:
     from sim.whatif import kl_divergence
 
@@ -115,10 +123,15 @@ def check_kl(fn) -> None:
     for p, q in cases:
         want = kl_divergence(p.numpy(), q.numpy())
         got = _call(fn, (p.clone(), q.clone()), f"p_logits {_fmt(p)}, q_logits {_fmt(q)}")
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            raise ExerciseError(f"Return one number (a float), got {type(got).__name__}.") from None
+        if isinstance(got, torch.Tensor) or type(got).__module__ == "numpy" and not isinstance(got, float):
+            shape = list(getattr(got, "shape", ()))
+            raise ExerciseError(f"You returned a {type(got).__module__}.{type(got).__name__} of shape {shape}; the "
+                                "spec asks for a plain Python float. A tensor still carries its dtype and device (and "
+                                "float() of a 1-element tensor hides a wrong shape): finish with .item() on the "
+                                "summed, 0-d result.")
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise ExerciseError(f"Return one number (a float), got {type(got).__name__}.")
+        got = float(got)
         if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
             continue
         lp, lq = torch.log_softmax(p, -1), torch.log_softmax(q, -1)
@@ -147,10 +160,15 @@ my_reset_head(state, conv, head, num_heads, head_dim) -> (state, conv)
 Checked against tiny_k3.hooks.Hooks.reset_state, what ResetState uses inside the model.
 """,
           hints=("A head remembers in two places: its matrix S and the short conv's tail of its q, k and v channels "
-                 "(the next token still mixes in the last W-1 inputs). Clone before you zero.",
-                 "state = state.clone(); state[:, head] = 0; conv = conv.clone()\n"
-                 "  for part in range(3): start = part*num_heads*head_dim + head*head_dim; "
-                 "conv[..., start:start+head_dim] = 0"))
+                 '(the next token still mixes in the last W-1 inputs). Clone before you zero.',
+                 'Copy both tensors first. state [B, H, K, V]: zero everything of head `head` on axis 1. conv [B, '
+                 'W−1, 3·H·K] holds q | k | v, each part head-major, so head h owns, in part p ∈ {0, 1, 2}, the K '
+                 'channels starting at p·H·K + h·K. Zero those three runs of K channels (every batch row, every '
+                 'kept step).',
+                 'state, conv = state.clone(), conv.clone();  state[:, head] = 0\n'
+                 '  for part in range(3):\n'
+                 '      start = part * num_heads * head_dim + head * head_dim;  conv[..., start:start + head_dim] = '
+                 '0'))
 def check_reset_head(fn) -> None:
     from tiny_k3.cache import KDAState
     from tiny_k3.hooks import Hooks

@@ -1,4 +1,4 @@
-"""Lesson 5 solutions: MXFP4 bytes, K3's release size, EP traffic."""
+"""Lesson 5 solutions: MXFP4 bytes, K3's release size, EP traffic, one decode step's roofline."""
 
 import math
 
@@ -21,3 +21,15 @@ def ep_bytes(config):
     dispatch = k * (width + math.ceil(width / 32))
     combine = k * width * 2
     return dispatch + combine
+
+
+def decode_roofline(model, batch, context, flops_per_sequence, bandwidth, peak_flops):
+    """One decode step (k3_facts.md §5b): the weights and the touched experts once, each sequence's cache and state
+    (read and written back); FLOPs per sequence times the batch; the bound is the longer of the two times."""
+    n, k = model.num_experts, model.top_k
+    touched = n * (1 - (1 - k / n) ** batch)              # distinct experts a batch touches, uniform routing
+    step_bytes = (model.dense_bytes + model.moe_layers * touched * model.expert_bytes
+                  + batch * model.kv_bytes_per_token * context + batch * 2 * model.state_bytes)
+    flops = batch * flops_per_sequence
+    return {"bytes": step_bytes, "flops": flops,
+            "bound": "compute" if flops / peak_flops > step_bytes / bandwidth else "memory"}

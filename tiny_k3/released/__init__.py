@@ -378,6 +378,12 @@ def target_of(name: str) -> Target | None:
                               f"(docs/released.md lists them).")
 
 
+def layer_of(name: str) -> int:
+    """The layer number in a released tensor name; -1 outside the layers (embedding, head, final norms, vision)."""
+    m = _LAYER_RE.fullmatch(name)
+    return int(m.group(1)) if m else -1
+
+
 def mapping(config: K3Config) -> dict[str, Target]:
     """released name -> Target for every language-model tensor of `released_tensors(config)`."""
     return {name: target_of(name) for name in released_tensors(config)}
