@@ -491,3 +491,84 @@ try_exercise(check_read_weights, my_read_weights)
 # while others turn over within a token or two (section 3 printed the range and the share at each end). The recurrent loop (decode) and the chunked
 # matmuls (prefill) are the same function. And whether a trained head really returns at the query what it wrote
 # at the definition is not a belief but a measurement: the cosine of its read with each past write.
+
+# %% [markdown]
+# ## Build it yourself: a KDA layer's memory, from the step up
+#
+# The exercises above each wrote one piece. This thread builds pieces that compose, and then **runs the model on
+# them**: B.1 the gated delta-rule step for every head at once; B.2 the chunked form, checked against tiny_k3
+# *and against your own step*; B.3 one KDA head, your step over a sequence fed exactly as the layer feeds it
+# (its q/k normalisation, its gate, its β). The cell after them puts your head into every KDA layer of the
+# `small` model and compares the model's logits on this lesson's prompt with its own. Everything here
+# runs in float64, so "the same" is checked to 1e-9. Each exercise has three hints: `hint("B.1")` the idea,
+# `hint("B.1", 2)` the shape of the computation, `hint("B.1", 3)` the code.
+
+# %%
+# (this section imports what it uses: it also runs on its own)
+from checks.build import against, check_delta_chunked, check_delta_step, check_kda_head, run_your_layer  # noqa: E402
+from tiny_k3 import DEFAULT_PROMPT  # noqa: E402
+from workshop import exercise, load_model, try_exercise, weights_note  # noqa: E402
+
+print("the build thread: B.1 my_delta_step -> B.2 my_delta_chunked -> B.3 my_kda_head -> the model on your head")
+
+# %% [markdown]
+# ### Exercise B.1 — the delta-rule step, every head at once (★★☆, about 12 min)
+# Exercise 2.1 for a whole layer's state S [H, K, V]: H heads side by side, each forgetting per key channel,
+# writing its delta-rule error and reading its new state. No head sees another.
+
+# %% tags=["build"]
+@exercise("delta_step")
+def my_delta_step(S, q, k, v, g, beta, scale):
+    """S [H, K, V], q, k, g [H, K], v [H, V], beta [H], scale float -> (o [H, V], S_new [H, K, V])."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_delta_step, my_delta_step)
+
+# %% [markdown]
+# ### Exercise B.2 — the chunked form, checked against your own step (★★★, about 25 min)
+# Prefill does not loop over tokens: it solves each chunk with matrix products (kda.md §2, the WY/UT form) and
+# hands the state to the next chunk. Write it; the check compares it with `kda_chunked` and with your
+# `my_delta_step` run token by token, which must be the same function.
+
+# %% tags=["build"]
+@exercise("delta_chunked")
+def my_delta_chunked(q, k, v, g, beta, scale, chunk_size, S0=None):
+    """q, k, g [T, H, K], v [T, H, V], beta [T, H], S0 [H, K, V] or None -> (o [T, H, V], S [H, K, V])."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(against(check_delta_chunked, step=my_delta_step), my_delta_chunked)
+
+# %% [markdown]
+# ### Exercise B.3 — a KDA head (★★☆, about 15 min)
+# What a KDA layer hands each head after its projections and short convolution: raw q and k, v, the raw gate
+# projection, the β logit and the head's gate parameters. Apply the layer's conventions (kda.md §3) and run
+# *your* `my_delta_step` over the tokens.
+
+# %% tags=["build"]
+@exercise("kda_head")
+def my_kda_head(q, k, v, g_raw, beta_logit, A_log, dt_bias, lower_bound, S0=None):
+    """q, k [T, K] (not yet normalised), v [T, V], g_raw [T, K], beta_logit [T], A_log 0-d, dt_bias [K],
+    lower_bound float or None, S0 [K, V] or None -> (o [T, V], S [K, V]). Use your my_delta_step."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_kda_head, my_kda_head)
+
+# %% [markdown]
+# ### The model on your head
+# `tiny_k3.swap.swapped(model, kda_head=my_kda_head)` sends every head of every KDA layer through your function;
+# the projections, short convolution, output norm and gate around it stay the layer's own, and the MLA layers
+# are untouched. The cell prints the largest difference between the two runs' logits and the next token each
+# predicts for the prompt.
+
+# %%
+build_model, build_trained = load_model("small")
+build_model = build_model.double().eval()          # float64: the comparison can be held to 1e-9
+print(f"small, {weights_note(build_trained)}, in float64")
+print(f"your head goes into {len(build_model.config.kda_layers)} KDA layers × {build_model.config.kda_heads} heads:")
+build_kda = run_your_layer(build_model, DEFAULT_PROMPT, kda_head=my_kda_head)

@@ -584,3 +584,56 @@ try_exercise(check_kda_state_bytes, my_kda_state_bytes)
 # only from a few hundred thousand tokens, and most when long sequences fill the batch (section 5); the reported
 # 6.3x is Kimi Linear's measured speed-up over a full-MLA baseline, beyond what any bytes model gives. What the bytes buy is computed (section 6) and measured (section 7): a
 # fixed state's exact recall against the number of pairs it must hold, next to a cache that keeps every token.
+
+# %% [markdown]
+# ## Build it yourself: softmax attention and the cache that grows
+#
+# This lesson compared a cache that grows with a state that does not. Here you build the growing one: softmax
+# attention that decodes one token at a time, appending each token's keys and values to a cache (B.4). Then the
+# model runs on it: every MLA layer of the `small` model attends through your function with a plain
+# per-head KV cache (the keys [k_nope, k_rope] and values each head would get from its latents), and the cell
+# compares the logits with the model's own and the bytes of your cache with the bytes of the model's latent
+# cache, both measured from the tensors after the prompt. Float64 throughout. Three hints: `hint("B.4")`,
+# `hint("B.4", 2)`, `hint("B.4", 3)`.
+
+# %%
+# (this section imports what it uses: it also runs on its own)
+from checks.build import TOLERANCE, check_attend_with_cache, run_your_layer  # noqa: E402
+from tiny_k3 import DEFAULT_PROMPT  # noqa: E402
+from workshop import exercise, load_model, try_exercise, weights_note  # noqa: E402
+
+print("the build thread, part 2: B.4 my_attend_with_cache -> the model's MLA layers on your KV cache")
+
+# %% [markdown]
+# ### Exercise B.4 — softmax attention with a KV cache (★★☆, about 12 min)
+
+# %% tags=["build"]
+@exercise("attend_with_cache")
+def my_attend_with_cache(cache, q, k, v, scale):
+    """cache None or (keys [S, H, D], values [S, H, V]); q, k [H, D], v [H, V] -> (o [H, V], grown cache)."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_attend_with_cache, my_attend_with_cache)
+
+# %% [markdown]
+# ### The model on your attention, and what your cache holds
+
+# %%
+build_model, build_trained = load_model("small")
+build_model = build_model.double().eval()          # float64: the comparison can be held to 1e-9
+print(f"small, {weights_note(build_trained)}, in float64")
+build_attention = run_your_layer(build_model, DEFAULT_PROMPT, attention=my_attend_with_cache)
+if build_attention is not None:
+    c = build_model.config
+    per_head_cache = c.mla_heads * (c.qk_nope_dim + c.qk_rope_dim + c.v_head_dim)   # values per token per layer
+    latent_cache = c.kv_lora_rank + c.qk_rope_dim
+    ratio = build_attention.your_kv_bytes / build_attention.own_kv_bytes
+    print(f"after the prompt, your KV caches hold {build_attention.your_kv_bytes:,} B; the model's latent caches "
+          f"{build_attention.own_kv_bytes:,} B (float64, {len(c.mla_layers)} MLA layers): {ratio:.2f}x, which is "
+          f"{per_head_cache} values per token per layer ({c.mla_heads} heads × (k {c.qk_nope_dim + c.qk_rope_dim} + "
+          f"v {c.v_head_dim})) against {latent_cache} (latent {c.kv_lora_rank} + k_rope {c.qk_rope_dim}, one for all "
+          f"heads) = {per_head_cache / latent_cache:.2f}x.")
+    if build_attention.max_abs_diff <= TOLERANCE:
+        print("the same logits from both caches: the latent cache stores less, and loses nothing the heads read.")

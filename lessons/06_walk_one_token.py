@@ -434,3 +434,47 @@ k3_bytes = layer_bytes(K3Config.preset("k3"))
 k3_token = k3_bytes["non_expert_per_token"] + k3_bytes["experts_per_token"]
 print(f"the real K3 reads {k3_token / 1e9:.0f} GB a token this way ({k3_bytes['experts_per_token'] / 1e9:.1f} GB "
       f"of it the 16 x 92 chosen experts): {k3_token / 2e9:.0f} s at 2 GB/s")
+
+# %% [markdown]
+# ## Build it yourself: MLA's absorbed decode
+#
+# The token you walked read each MLA layer's cache: one latent c and one shared k_rope per past token, for all
+# heads together (mla.md §2). Lesson 3's B.4 expanded those latents into per-head keys and values; a decode step
+# does not have to. Because every head's key is W_kb c and its value W_vb c, the key map can move onto the one
+# query and the value map after the weighted sum: the scores and the output come straight from the latent cache
+# (B.5). The cell after it runs every MLA layer of the `small` model through your function on this
+# lesson's prompt and compares the logits with the model's own, in float64. Three hints: `hint("B.5")`,
+# `hint("B.5", 2)`, `hint("B.5", 3)`.
+
+# %%
+# (this section imports what it uses: it also runs on its own)
+from checks.build import check_mla_decode, run_your_layer  # noqa: E402
+from tiny_k3 import DEFAULT_PROMPT  # noqa: E402
+from workshop import exercise, load_model, try_exercise, weights_note  # noqa: E402
+
+print("the build thread, part 3: B.5 my_mla_decode -> the model's MLA layers read their latent cache with your code")
+
+# %% [markdown]
+# ### Exercise B.5 — MLA's absorbed decode (★★★, about 15 min)
+
+# %% tags=["build"]
+@exercise("mla_decode")
+def my_mla_decode(q_nope, q_rope, latent, k_rope, W_kb, W_vb, scale):
+    """q_nope [H, nope], q_rope [H, rope], latent [S, rank], k_rope [S, rope], W_kb [H, nope, rank],
+    W_vb [H, V, rank], scale float -> o [H, V], without expanding the latents into keys and values."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+try_exercise(check_mla_decode, my_mla_decode)
+
+# %% [markdown]
+# ### The model on your decode
+# `tiny_k3.swap.swapped(model, mla_decode=my_mla_decode)` makes every query of every MLA layer read the latent
+# cache through your function (a prefill is run query by query, each seeing the tokens up to itself).
+
+# %%
+build_model, build_trained = load_model("small")
+build_model = build_model.double().eval()          # float64: the comparison can be held to 1e-9
+print(f"small, {weights_note(build_trained)}, in float64")
+build_mla = run_your_layer(build_model, DEFAULT_PROMPT, mla_decode=my_mla_decode)
