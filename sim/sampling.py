@@ -21,6 +21,12 @@ def sample_token(logits: np.ndarray, temperature: float, seed: int, position: in
 
     The draw is an inverse-CDF lookup of one uniform from torch.Generator(seed from (seed, position)),
     computed in float64 numpy, so it is reproducible and independent of the model's device.
+
+    This and `tiny_k3.model.sample_next` are two samplers on purpose: this one draws in float64 numpy from a seed
+    per (seed, position), so a run replays on any device and from any step (what branching and run files need);
+    `sample_next` draws with `torch.multinomial` from one `torch.Generator` (it serves `generate`). The same seed
+    need not give the same tokens in both (the golden traces in tests/golden pin this one's draws; tests/test_model.py
+    states what sample_next guarantees).
     """
     if temperature == 0:
         return int(np.argmax(logits))

@@ -119,8 +119,9 @@ def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float(max(0.0, (np.exp(lp) * (lp - lq)).sum()))
 
 
-def _top(frame: Frame) -> tuple[tuple[int, str, float], ...]:
-    return tuple((int(t), token_text(int(t)), float(p)) for t, p in zip(frame.top_ids, frame.top_probs))
+def _top(frame: Frame, label=token_text) -> tuple[tuple[int, str, float], ...]:
+    """The frame's top-5 as (id, label, probability); label: the run's tokenizer's (bytes by default)."""
+    return tuple((int(t), label(int(t)), float(p)) for t, p in zip(frame.top_ids, frame.top_probs))
 
 
 def _choice(sim, index: int) -> Choice:
@@ -183,11 +184,13 @@ def what_if(sim, plan: WhatIfPlan, at: int, steps: int = 1, progress=None) -> Wh
     window = first_hooks.attention_window if first_hooks is not None else None
     if window is not None and sim.twin_model is not None and any(isinstance(c, TruncateContext) for c in changes):
         twin_kl = _twin_kl(sim, Hooks(attention_window=window), start, [f.input_id for f in original])
+    tokenizer = getattr(sim, "tokenizer", None)          # a real checkpoint's BPE labels its own run (sim.real)
+    label, text = (token_text, decode) if tokenizer is None else (tokenizer.token_text, tokenizer.decode)
     return WhatIf(
         changes=changes, position=start, frames=tuple(branch), original=tuple(original), kl=tuple(kl),
-        top_before=tuple(_top(f) for f in original), top_after=tuple(_top(f) for f in branch),
-        first_divergence=tuple(diverged), text_before=decode([f.token_id for f in original]),
-        text_after=decode([f.token_id for f in branch]), twin_kl=twin_kl,
+        top_before=tuple(_top(f, label) for f in original), top_after=tuple(_top(f, label) for f in branch),
+        first_divergence=tuple(diverged), text_before=text([f.token_id for f in original]),
+        text_after=text([f.token_id for f in branch]), twin_kl=twin_kl,
         logits_before=tuple(logits_o), logits_after=tuple(logits_b))
 
 
