@@ -406,6 +406,11 @@ print(f"Against Kimi Linear the hybrid recipe is the same, {len(kimi_linear.kda_
 # each layer's attention, router and shared experts, and in every MoE layer only the chosen experts' bytes, and
 # records the same Frames you walked above (docs/released.md). Here a tiny model is written in exactly that
 # layout and streamed back.
+#
+# With the real folder: `--tokenizer auto` uses the checkpoint's own BPE (its `tiktoken.model`) instead of
+# bytes; `--download 0-3` fetches only the shards of the first four layers (57.6 GB of the 1.56 TB) and streams
+# that truncated model (`--layers 4`), whose tokens are not K3's (it says so); `--save RUN.npz` keeps the run,
+# and `tiny-k3 --open RUN.npz` shows it read-only in the TUI: looking at frames needs no weights.
 
 # %%
 import tempfile
