@@ -49,6 +49,7 @@ def unsettled(app) -> str:
     named = {"a job runs": d.busy, "a load is open": d.loading is not None, "a what-if is open": d.whatif is not None,
              "a step is wanted": d.wants_step(), "a recall moment is wanted": d.wants_recall(),
              "a redraw is pending": app._redraw_pending, "a pump is pending": app._pump_pending,
+             "the screen is not drawn yet": not getattr(app.screen, "ready", True),
              "no simulation": app.sim is None}
     return ", ".join(name for name, holds in named.items() if holds) or "nothing (it settled as the time ran out)"
 

@@ -138,7 +138,7 @@ class TinyK3App(Navigation, Dialogs, App):
         """No job running or wanted and nothing left to draw (tests and the benchmark wait for this)."""
         d = self.driver
         return not (d.busy or d.loading is not None or d.whatif is not None or d.wants_step() or d.wants_recall()
-                    or self._redraw_pending or self._pump_pending)
+                    or self._redraw_pending or self._pump_pending or not getattr(self.screen, "ready", True))
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:

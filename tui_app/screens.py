@@ -8,6 +8,8 @@ again would pop the screen *under* it (issue 24: ScreenStackError, or the main s
 
 from __future__ import annotations
 
+from typing import Callable
+
 from textual import on
 from textual.app import ComposeResult
 from textual.await_complete import AwaitComplete
@@ -46,6 +48,19 @@ class DismissOnce:
 class Dialog(DismissOnce, ModalScreen):
     """The app's modal screens: prompt, preset, help, the what-if menu and result."""
 
+    def after_composed(self, then: Callable[[], None], *selectors: str) -> None:
+        """then() once every selector matches a mounted widget (at once when they already do).
+
+        A screen's Mount can come before its grandchildren have mounted: each container mounts its own children
+        in its own turn, and on a loaded machine a what-if result's on_mount found its Horizontal empty and
+        crashed on query_one. So a first draw that reaches into containers waits for what it draws into."""
+        if not self.is_attached or self.closing:
+            return
+        if all(self.query(selector) for selector in selectors):
+            then()
+        else:
+            self.call_after_refresh(lambda: self.after_composed(then, *selectors))
+
 
 class PromptScreen(Dialog):
     """A new prompt (Enter) or nothing (Escape)."""
@@ -63,7 +78,7 @@ class PromptScreen(Dialog):
             yield Input(value=self.prompt, id="prompt-input", select_on_focus=False)
 
     def on_mount(self) -> None:
-        self.query_one(Input).cursor_blink = False
+        self.after_composed(lambda: setattr(self.query_one(Input), "cursor_blink", False), "Input")
 
     @on(Input.Submitted)
     def submit(self, event: Input.Submitted) -> None:
@@ -98,6 +113,9 @@ class PresetScreen(Dialog):
             yield OptionList(*options, id="preset-list")
 
     def on_mount(self) -> None:
+        self.after_composed(self._highlight_next, "OptionList")
+
+    def _highlight_next(self) -> None:
         names = tui_presets()
         here = names.index(self.current) if self.current in names else -1
         self.query_one(OptionList).highlighted = (here + 1) % len(names)
@@ -123,7 +141,7 @@ class HelpScreen(Dialog):
             yield Static(help_renderable(), id="help-text")
 
     def on_mount(self) -> None:
-        self.query_one("#help-box").focus()
+        self.after_composed(lambda: self.query_one("#help-box").focus(), "#help-box")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -129,7 +129,7 @@ class WhatIfMenu(Dialog):
 
     def on_mount(self) -> None:
         if self.items:
-            self.query_one(OptionList).highlighted = 0
+            self.after_composed(lambda: setattr(self.query_one(OptionList), "highlighted", 0), "OptionList")
 
     @on(OptionList.OptionSelected)
     def pick(self, event: OptionList.OptionSelected) -> None:

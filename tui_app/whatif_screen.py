@@ -111,13 +111,20 @@ class WhatIfScreen(Dialog):
             yield PANEL_CLASSES[self.panel_name](id="whatif-panel")
         yield K3Footer()
 
+    ready = False      # the summary and the panel are mounted and drawn (Dialog.after_composed)
+
     def on_mount(self) -> None:
+        self.after_composed(self._first_draw, "#whatif-summary-text", "#whatif-panel")
+
+    def _first_draw(self) -> None:
         self.query_one("#whatif-summary").border_title = "What if"
+        self.ready = True
         self._layout(self.app.size.width)
         self._draw()
 
     def on_resize(self, event) -> None:
-        self._layout(event.size.width)
+        if self.ready:
+            self._layout(event.size.width)
 
     @property
     def narrow(self) -> bool:
@@ -130,6 +137,8 @@ class WhatIfScreen(Dialog):
 
     def action_toggle_panel(self) -> None:
         """tab: in one column, the summary or the branch's panel; side by side, focus the other one."""
+        if not self.ready:
+            return
         self.toggle_class("-show-panel")
         self._layout(self.app.size.width)
         if not self.narrow:
@@ -149,7 +158,8 @@ class WhatIfScreen(Dialog):
 
     def action_move(self, delta: int) -> None:
         self.step = min(max(self.step + delta, 0), self.w.steps - 1)
-        self._draw()
+        if self.ready:
+            self._draw()
 
     def action_close(self) -> None:
         self.dismiss(None)
