@@ -16,10 +16,10 @@ def max_prompt_bytes(config: K3Config) -> int:
     return config.max_seq_len - 2
 
 
-def prompt_limit(config: K3Config) -> str:
-    """The limit in words, as the prompt dialog and the error say it."""
+def prompt_limit(config: K3Config, unit: str = "bytes") -> str:
+    """The limit in words, as the prompt dialog and the error say it (unit "tokens" for a checkpoint's BPE)."""
     return (f"preset {config.name!r} allows {config.max_seq_len:,} tokens in all, so use at most "
-            f"{max_prompt_bytes(config):,} bytes")
+            f"{max_prompt_bytes(config):,} {unit}")
 
 
 def prompt_ids(prompt, config: K3Config, tokenizer=BYTES) -> list[int]:
@@ -29,8 +29,6 @@ def prompt_ids(prompt, config: K3Config, tokenizer=BYTES) -> list[int]:
         raise ValueError("the prompt is empty; give at least one character to start from.")
     ids = tokenizer.encode(prompt)
     if len(ids) - 1 > max_prompt_bytes(config):
-        limit = prompt_limit(config)
-        if tokenizer is not BYTES:
-            limit = limit.rsplit(" bytes", 1)[0] + " tokens"
-        raise ValueError(f"the prompt is {len(ids) - 1:,} {'bytes' if tokenizer is BYTES else 'tokens'} but {limit}.")
+        unit = "bytes" if tokenizer is BYTES else "tokens"
+        raise ValueError(f"the prompt is {len(ids) - 1:,} {unit} but {prompt_limit(config, unit)}.")
     return ids

@@ -296,11 +296,13 @@ class Simulation:
         return runfile.save(self, path, cursor=cursor)
 
     @classmethod
-    def from_run(cls, path, *, device: str | None = "cpu", progress=None) -> "Simulation":
+    def from_run(cls, path, *, device: str | None = "cpu", progress=None, run: "runfile.SavedRun | None" = None
+                 ) -> "Simulation":
         """Reopen a saved run as a live Simulation at its saved cursor (sim/runfile.py): the model rebuilt from
         (preset, seed, weights), the recorded choices replayed and every Frame checked against the file.
-        progress(done, total) is called as frames are recomputed (the prompt's, then the rest)."""
-        run = runfile.read(path)
+        progress(done, total) is called as frames are recomputed (the prompt's, then the rest). run: the file
+        already read (runfile.read(path)), so a caller that looked at it first does not read it again."""
+        run = runfile.read(path) if run is None else run
         name = Path(path).name
         runfile.check_replayable(run, name)
         total = len(run.frames)

@@ -26,7 +26,7 @@ def open_run(path, *, device: str | None = "cpu", progress=None) -> Simulation:
     run = read(path)
     if is_released(run):
         return StreamedRun(run, Path(path).name)
-    return Simulation.from_run(path, device=device, progress=progress)
+    return Simulation.from_run(path, device=device, progress=progress, run=run)
 
 
 class StreamedRun(Simulation):

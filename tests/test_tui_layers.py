@@ -89,6 +89,7 @@ def test_simulation_cli_and_dialog_say_the_same_sentence(capsys):
     assert tui.main(["--preset", "tiny", "--prompt", too_long]) == 2
     assert capsys.readouterr().err == f"tiny-k3: {sentence[0].upper()}{sentence[1:]}\n"
     assert prompt_limit(cfg) in sentence
+    assert prompt_limit(cfg, "tokens").endswith(f"{max_prompt_bytes(cfg):,} tokens"), "a BPE run counts tokens"
 
 
 # ---------------------------------------------------------------------------------------- sim.presets
