@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""One entry point that sets itself up: `python3 dev.py run` (the TUI) or `python3 dev.py test`.
+"""One entry point that sets itself up: `python3 dev.py run` (the TUI) or `python3 dev.py test [--quick]`.
 
-On first use it creates .venv, installs torch==2.13.0 there when no torch is present (a bare
-`torch` requirement would fetch a multi-GB CUDA build), then the project: `run` with only what the TUI
+On first use it creates .venv, installs torch==2.13.0 there when no torch is present (from PyTorch's CPU index
+first: PyPI's Linux wheel is a multi-GB CUDA build), then the project: `run` with only what the TUI
 needs, `serve` with textual-serve (the TUI in a browser, for a projector), the rest with the dev extra.
 
 The workshop kit (20 laptops, no network in the room, no GPU; lessons/INSTRUCTOR.md):
@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import venv
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import unquote, urlparse
+from urllib.request import Request, url2pathname, urlopen
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -53,13 +58,33 @@ def ensure_env(extras: tuple[str, ...] = ("dev",)) -> None:
     pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on"]
     if subprocess.run([str(PYTHON), "-c", "import torch"], capture_output=True).returncode != 0:
         print(f"[dev.py] step 2/3: installing {TORCH} (CPU; the largest download, a few minutes) ...", flush=True)
-        subprocess.run(pip + [TORCH], check=True)
+        install_torch(pip)
     wanted = sorted(installed | set(extras))
     target = f"{ROOT}[{','.join(wanted)}]" if wanted else str(ROOT)
     what = f"with its {', '.join(wanted)} extra{'s' * (len(wanted) > 1)}" if wanted else "(the TUI's needs only)"
     print(f"[dev.py] step 3/3: installing tiny-k3 {what} ...", flush=True)
     subprocess.run(pip + ["-e", target], check=True)
     STAMP.write_text(" ".join([_fingerprint(), *wanted]))
+
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+INDEX_TIMEOUT_S = 10      # pip's --timeout: the seconds one connection may stall before pip gives up on it
+CPU_INDEX_FAILED = "[dev.py] PyTorch's CPU index ({}) could not be reached or had no {}; {}"   # the one line
+
+
+def cpu_index_options() -> list[str]:
+    """pip's options for PyTorch's CPU index: one try, a short timeout. With pip's defaults (5 retries with
+    back-off, 15 s a try) an index that cannot be reached costs minutes before the fallback can start."""
+    return ["--index-url", TORCH_CPU_INDEX, "--retries", "0", "--timeout", str(INDEX_TIMEOUT_S)]
+
+
+def install_torch(pip: list[str]) -> None:
+    """torch==2.13.0 from PyTorch's CPU index first (PyPI's Linux x86_64 wheel is the CUDA build: GBs of cudnn, nccl
+    and triton a CPU-only project never uses); if it gives nothing, one line says so and the default index follows."""
+    if subprocess.run(pip + cpu_index_options() + [TORCH]).returncode != 0:
+        print(CPU_INDEX_FAILED.format(TORCH_CPU_INDEX, TORCH, "installing it from the default index instead (on "
+                                      "Linux x86_64 that is the CUDA build, a few GB)."), flush=True)
+        subprocess.run(pip + [TORCH], check=True)
 
 
 def serve(rest: list[str]) -> int:
@@ -98,7 +123,6 @@ def run_tui(rest: list[str]) -> int:
 
 # ---------------------------------------------------------------------------- workshop kit (offline set-up)
 
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # pip tags per named platform. torch's CPU builds carry the local label +cpu on Linux and Windows; macOS
 # wheels are CPU-only and unlabelled. Wheels for older manylinux tags install on newer systems too.
 PLATFORMS = {
@@ -110,8 +134,10 @@ PLATFORMS = {
 # pip evaluates environment markers (sys_platform == "win32", ...) for the machine it runs on, not for --platform:
 # the packages a target platform needs only through such markers are named here.
 PLATFORM_EXTRAS = {"windows-x86_64": ["pywinpty>=2.0.1", "colorama"], "macos-arm64": ["appnope"]}
+KIT_TOOLS = ("setuptools>=68", "wheel")   # what `pip install -e` builds the project with, offline too
 KIT_EXTRAS = ("lessons",)      # the lessons' stack (jupyterlab included); the TUI's textual is a core dependency
 CUDA_MARKERS = ("nvidia_", "nvidia-", "+cu", "triton")
+RESOLVE_TIMEOUT_S = 90                      # a dry run's whole resolution, so a stalled index cannot hang it
 
 
 def _this_platform() -> str:
@@ -140,22 +166,101 @@ def _kit_requirements() -> list[str]:
     return [r for r in reqs if not r.startswith(("torch", "tiny-k3"))]
 
 
-def wheelhouse_commands(dest: Path, platform: str, python: str) -> list[list[str]]:
-    """The pip commands that fill `dest` with CPU-only wheels for `platform` and Python `python` (e.g. "3.11")."""
+def target_options(platform: str, python: str) -> list[str]:
+    """pip's options that fetch wheels for `platform` and Python `python` (e.g. "3.11") from any machine."""
     if platform not in PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}; use one of: {', '.join(PLATFORMS)}.")
-    tags, label = PLATFORMS[platform]
-    target = [a for tag in tags for a in ("--platform", tag)]
-    target += ["--python-version", python, "--implementation", "cp", "--only-binary=:all:"]
+    target = [a for tag in PLATFORMS[platform][0] for a in ("--platform", tag)]
+    return target + ["--python-version", python, "--implementation", "cp", "--only-binary=:all:"]
+
+
+def wheelhouse_commands(dest: Path, platform: str, python: str) -> list[list[str]]:
+    """The pip commands that fill `dest` with CPU-only wheels for `platform` and Python `python`: torch from
+    PyTorch's CPU index (one quick try: cpu_index_options), then the rest from the default index."""
+    target = target_options(platform, python)
     pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(dest)]
-    torch = f"{TORCH}{label}"
     return [
-        pip + target + ["--no-deps", "--index-url", TORCH_CPU_INDEX, torch],
-        # torch's own dependencies and everything else from PyPI; the constraint keeps torch the CPU wheel above
+        pip + target + ["--no-deps", *cpu_index_options(), f"{TORCH}{PLATFORMS[platform][1]}"],
+        # torch's own dependencies and everything else; the constraint keeps torch the wheel fetched first
         pip + target + ["--find-links", str(dest), "--constraint", str(dest / "constraints.txt"),
-                        "--requirement", str(dest / "requirements.txt"), "torch", "setuptools>=68", "wheel",
+                        "--requirement", str(dest / "requirements.txt"), "torch", *KIT_TOOLS,
                         *PLATFORM_EXTRAS.get(platform, [])],
     ]
+
+
+def no_fallback(platform: str) -> str | None:
+    """Why the default index cannot stand in for PyTorch's CPU index in a wheelhouse for `platform`, or None."""
+    if platform.startswith("linux"):
+        return f"no fallback for {platform}, where the default index's torch is (or may be) a CUDA build"
+    if platform != _this_platform():     # torch's Linux-only CUDA dependencies would be read for this machine
+        return f"no fallback: pip reads the default index's torch for this machine, not for {platform}"
+    return None
+
+
+def fetch_torch(command: list[str], platform: str, dest: Path) -> bool:
+    """Run the torch download `command`; when PyTorch's CPU index gives nothing, say so in one line and fall back
+    at once to the default index where its torch is CPU-only too (macOS and Windows, built there). The torch
+    fetched goes into dest/constraints.txt, which keeps the second command on it; False when none was fetched."""
+    wanted, reason = command[-1], no_fallback(platform)
+    if subprocess.run(command).returncode != 0:
+        print(CPU_INDEX_FAILED.format(TORCH_CPU_INDEX, wanted, f"{reason}." if reason else "using the default index."))
+        start = command.index("--index-url")
+        fallback = command[:start] + command[start + len(cpu_index_options()):-1] + [TORCH]
+        wanted = TORCH if not reason and subprocess.run(fallback).returncode == 0 else None
+    if wanted:
+        (dest / "constraints.txt").write_text(wanted + "\n")
+    return wanted is not None
+
+
+def resolve_kit(platform: str, python: str, torch: str, cpu_index: bool) -> tuple[list[str], str]:
+    """(the URL of every wheel the kit needs as pip resolves them now, pip's first error): pip install --dry-run
+    --report downloads nothing; no URLs when it fails or takes over RESOLVE_TIMEOUT_S (a stalled index)."""
+    index = ["--extra-index-url", TORCH_CPU_INDEX] if cpu_index else []
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                   "--disable-pip-version-check", "--report", str(report), "--target", str(Path(tmp) / "t"),
+                   *target_options(platform, python), *index, "--retries", "0", "--timeout", str(INDEX_TIMEOUT_S),
+                   torch, *_kit_requirements(), *KIT_TOOLS, *PLATFORM_EXTRAS.get(platform, [])]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return [], f"no answer in {RESOLVE_TIMEOUT_S} s"
+        if done.returncode != 0 or not report.exists():
+            return [], ([line for line in done.stderr.splitlines() if line.startswith("ERROR")] or ["no report"])[0]
+        return [item["download_info"]["url"] for item in json.loads(report.read_text())["install"]], ""
+
+
+def wheel_size(url: str) -> int | None:
+    """A wheel's bytes, not downloading it: a local file's size, else an HTTP HEAD's Content-Length (or None)."""
+    try:
+        if url.startswith("file:"):
+            return Path(url2pathname(urlparse(url).path)).stat().st_size
+        with urlopen(Request(url, method="HEAD"), timeout=INDEX_TIMEOUT_S) as answer:
+            return int(answer.headers["Content-Length"])
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def print_kit_sizes(platform: str, python: str) -> int:
+    """The dry run's list: each wheel pip would fetch for `platform` (torch as a real run fetches it), its size and
+    the total; nothing is downloaded. 0, sized or not: the commands a real run makes are printed either way."""
+    torch, reason = f"{TORCH}{PLATFORMS[platform][1]}", no_fallback(platform)
+    urls, error = resolve_kit(platform, python, torch, cpu_index=True)
+    if not urls:
+        print(CPU_INDEX_FAILED.format(TORCH_CPU_INDEX, torch, f"{reason}." if reason else "trying the default index."))
+        urls, error = ([], "") if reason else resolve_kit(platform, python, TORCH, cpu_index=False)
+    if not urls:
+        print(f"[dev.py] no sizes: pip could not resolve the wheels from here{f' ({error})' if error else ''}.")
+        return 0
+    with ThreadPoolExecutor(16) as pool:
+        sizes = list(pool.map(wheel_size, urls))
+    for url, size in sorted(zip(urls, sizes), key=lambda pair: -(pair[1] or 0)):     # the largest first
+        print(f"  {f'{size / 1e6:7.1f} MB' if size is not None else '   size ?'}  {unquote(url.rsplit('/', 1)[-1])}"
+              f"  from {urlparse(url).hostname or 'a local file (pip configuration)'}")
+    print(f"[dev.py] {len(urls)} wheels, {sum(s or 0 for s in sizes) / 1e6:.0f} MB as pip resolves them now"
+          f"{f' ({sizes.count(None)} sizes unknown, not counted)' if None in sizes else ''}; nothing was downloaded.")
+    return 0
 
 
 def wheelhouse(argv: list[str]) -> int:
@@ -166,7 +271,8 @@ def wheelhouse(argv: list[str]) -> int:
                         "(default: this machine)")
     parser.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                         help="the learners' Python version, e.g. 3.11 (default: this one)")
-    parser.add_argument("--dry-run", action="store_true", help="print what would be fetched, fetch nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, then the wheels pip would "
+                        "fetch with their sizes (asks the indexes), download nothing")
     args = parser.parse_args(argv)
     try:
         commands = wheelhouse_commands(args.dir.resolve(), args.platform, args.python)
@@ -174,30 +280,30 @@ def wheelhouse(argv: list[str]) -> int:
         print(f"[dev.py] {exc}", file=sys.stderr)
         return 2
     reqs = _kit_requirements()
-    _, label = PLATFORMS[args.platform]
-    print(f"[dev.py] wheelhouse for {args.platform}, Python {args.python}: {TORCH}{label} from {TORCH_CPU_INDEX}, "
-          f"then {len(reqs)} requirements from PyPI: {', '.join(reqs)}")
+    print(f"[dev.py] wheelhouse for {args.platform}, Python {args.python}: {commands[0][-1]} from {TORCH_CPU_INDEX}, "
+          f"then {len(reqs)} requirements from the default index: {', '.join(reqs)}")
     for command in commands:
         print("  " + " ".join(command[2:]))
     if args.dry_run:
-        return 0
-    args.dir.mkdir(parents=True, exist_ok=True)
-    (args.dir / "requirements.txt").write_text("\n".join(reqs) + "\n")
-    (args.dir / "constraints.txt").write_text(f"torch=={TORCH.split('==')[1]}{label}\n")
-    for command in commands:
-        if subprocess.run(command).returncode != 0:
-            print("[dev.py] a download failed (network, or no wheel for this platform/Python); see above.",
-                  file=sys.stderr)
-            return 1
-    cuda = [p.name for p in args.dir.iterdir() if any(m in p.name for m in CUDA_MARKERS)]
+        return print_kit_sizes(args.platform, args.python)
+    return fill_wheelhouse(args.dir, args.platform, commands, reqs)
+
+
+def fill_wheelhouse(dest: Path, platform: str, commands: list[list[str]], reqs: list[str]) -> int:
+    """Run the wheelhouse commands into `dest` (torch first, with its fallback), then refuse any CUDA wheel."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "requirements.txt").write_text("\n".join(reqs) + "\n")
+    if not fetch_torch(commands[0], platform, dest) or subprocess.run(commands[1]).returncode != 0:
+        print("[dev.py] a download failed (network, or no wheel for this platform/Python); see above.", file=sys.stderr)
+        return 1
+    cuda = [p.name for p in dest.iterdir() if any(m in p.name for m in CUDA_MARKERS)]
     if cuda:
         print(f"[dev.py] CUDA wheels got in ({', '.join(cuda)}); delete them: the workshop is CPU-only.",
               file=sys.stderr)
         return 1
-    wheels = sorted(p.name for p in args.dir.glob("*.whl"))
-    size = sum((args.dir / w).stat().st_size for w in wheels)
-    print(f"[dev.py] {len(wheels)} wheels, {size / 1e6:.0f} MB in {args.dir}; on each laptop: "
-          f"python3 dev.py setup --offline {args.dir}")
+    size = sum(p.stat().st_size for p in dest.glob("*.whl"))
+    print(f"[dev.py] {len(list(dest.glob('*.whl')))} wheels, {size / 1e6:.0f} MB in {dest}; on each laptop: "
+          f"python3 dev.py setup --offline {dest}")
     return 0
 
 
@@ -329,11 +435,21 @@ FAST_PATH_TESTS = ("tests/test_moe.py", "tests/test_fast_paths.py", "tests/test_
 OTHER_KERNELS = {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
+# `python3 dev.py test --quick`: a first check in a few minutes, not CI's (CI and `dev.py test` run the whole
+# suite): every module imported (test_dev_commands.py), the core maths, one lesson in a real Jupyter kernel, one
+# Pilot test of the TUI. tests/test_dev_commands.py checks that each part is there.
+QUICK_LESSON = "tests/test_lessons.py::test_lesson_runs_top_to_bottom_for_learners_and_instructors"
+QUICK_TESTS = ("tests/test_dev_commands.py", "tests/test_config.py", "tests/test_kda.py", "tests/test_mla.py",
+               "tests/test_attnres.py", "tests/test_mxfp4.py", "tests/test_sim_cli.py", "tests/test_released_stream.py",
+               f"{QUICK_LESSON}[00_attention_and_its_cache.py]", "tests/test_tui.py::test_opens_steps_forward_and_back")
+
+
 def test_commands(rest: list[str]) -> list[tuple[list[str], dict[str, str]]]:
-    """(argv, extra environment) of each pytest run `python3 dev.py test [pytest args]` makes: the suite, and
-    with no arguments (the whole suite, as CI runs it) the fast-path tests on MKL's AVX2 kernels."""
-    runs = [([str(PYTHON), "-m", "pytest", "-q", *rest], {})]
-    if not rest:
+    """(argv, extra environment) of each pytest run `python3 dev.py test [--quick] [pytest args]` makes: the suite
+    (or QUICK_TESTS), and for the whole suite as CI runs it the fast-path tests on MKL's AVX2 kernels."""
+    quick, rest = "--quick" in rest, [a for a in rest if a != "--quick"]
+    runs = [([str(PYTHON), "-m", "pytest", "-q", *(QUICK_TESTS if quick else ()), *rest], {})]
+    if not rest and not quick:
         runs.append(([str(PYTHON), "-m", "pytest", "-q", "-k", "threads1 or threads2", *FAST_PATH_TESTS],
                      OTHER_KERNELS))
     return runs

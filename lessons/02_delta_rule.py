@@ -363,8 +363,23 @@ text = lambda positions: "".join(token_text(ids[d]) for d in positions)   # noqa
 print(f"prompt {prompt!r}: the query {rq.key!r} at position {query_at} asks for {rq.value!r}, defined at "
       f"positions {defined[0]}–{defined[-1]} ({text(defined)!r}); the model answers {moment.predicted!r} "
       f"({'right' if facts['recall_right'] else 'wrong'})")
-print(f"best match: layer {best.layer}, head {best.head} — its read at the query has cosine {best.cosine:.2f} with "
-      f"the write of position {best.written_at} ({token_text(ids[best.written_at])!r})")
+share_of = {(m.layer, m.head): m.share for m in moment.heads}
+top_cos = {(lid, h): float(cos_by_layer[lid][h][defined].max()) for lid in cfg.kda_layers for h in range(cfg.kda_heads)}
+panel_top = max(top_cos, key=top_cos.get)            # the longest red bar of the right-hand panel
+facts.update(best_share=best.share, ranked_first=max(share_of, key=share_of.get) == (best.layer, best.head),
+             panel_top_head=list(panel_top), panel_top_cosine=top_cos[panel_top])
+print(f"best-ranked head: layer {best.layer}, head {best.head}, ranked by the share of its read at the query that "
+      f"the write of the value token explains, ⟨r, u_val⟩ / |r|² = {best.share:.2f} (the largest of the "
+      f"{len(moment.heads)} KDA heads); its read has cosine {best.cosine:.2f} with that write (position "
+      f"{best.written_at}, {token_text(ids[best.written_at])!r})")
+if panel_top != (best.layer, best.head):
+    top_at = defined[int(np.argmax(cos_by_layer[panel_top[0]][panel_top[1]][defined]))]
+    why = (f"the write of position {top_at} ({token_text(ids[top_at])!r}), not the value's: the value's write explains "
+           f"{share_of[panel_top]:.2f} of its read" if top_at != best.written_at else
+           f"the value's own write, yet that write explains only {share_of[panel_top]:.2f} of its read: a read can "
+           "point the way of a write and still be mostly other writes")
+    print(f"  the right-hand panel ranks nothing: it shows each head's best cosine with any write of the definition, "
+          f"and there L{panel_top[0]} h{panel_top[1]} reaches {top_cos[panel_top]:.2f}, with {why}")
 if facts["peak_in_definition"]:
     print(f"  and no token outside the definition matches it as well (best elsewhere: cosine "
           f"{facts['best_outside']:.2f}): the read at the query is, above all, what was written at the definition")
@@ -394,7 +409,8 @@ for tick, t in zip(a1.get_xticklabels(), ids):
 a1.set_ylim(-1, 1), a1.axhline(0, color="grey", lw=0.5)
 a1.set_xlabel("token d whose write u_d is compared (red: the definition)"), a1.set_ylabel("cos(r_query, u_d)")
 a1.set_title(f"layer {best.layer}, head {best.head}: what the read at the query matches"), a1.legend(loc="lower left")
-labels = [f"L{lid} h{h}" for lid in cfg.kda_layers for h in range(cfg.kda_heads)]
+labels = [f"L{lid} h{h}" + (" (ranked 1st)" if (lid, h) == (best.layer, best.head) else "")
+          for lid in cfg.kda_layers for h in range(cfg.kda_heads)]
 inside_best = [cos_by_layer[lid][h][defined].max() for lid in cfg.kda_layers for h in range(cfg.kda_heads)]
 outside_best = [cos_by_layer[lid][h][outside].max() for lid in cfg.kda_layers for h in range(cfg.kda_heads)]
 y = np.arange(len(labels))[::-1]
@@ -402,7 +418,7 @@ a2.barh(y + 0.2, inside_best, 0.4, color="crimson", label="inside the definition
 a2.barh(y - 0.2, outside_best, 0.4, color="tab:blue", label="anywhere else")
 a2.set_yticks(y, labels), a2.set_xlim(min(0.0, *inside_best, *outside_best) - 0.05, 1)
 a2.set_xlabel("best cos(r_query, u_d)")
-a2.set_title("every KDA head"), a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+a2.set_title("each KDA head's best cosine\n(the ranking is by share, not by this)"), a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -488,7 +504,7 @@ try_exercise(check_read_weights, my_read_weights)
 # %% [markdown]
 # **Take-away.** KDA's memory is a K × V matrix per head that never grows. The delta rule keeps it
 # accurate by writing only what it gets wrong; per-channel decay lets some channels outlast the whole prompt
-# while others turn over within a token or two (section 3 printed the range and the share at each end). The recurrent loop (decode) and the chunked
+# while others turn over within a token or two (section 2 printed the range and the share at each end). The recurrent loop (decode) and the chunked
 # matmuls (prefill) are the same function. And whether a trained head really returns at the query what it wrote
 # at the definition is not a belief but a measurement: the cosine of its read with each past write.
 
@@ -499,13 +515,15 @@ try_exercise(check_read_weights, my_read_weights)
 # them**: B.1 the gated delta-rule step for every head at once; B.2 the chunked form, checked against tiny_k3
 # *and against your own step*; B.3 one KDA head, your step over a sequence fed exactly as the layer feeds it
 # (its q/k normalisation, its gate, its β). The cell after them puts your head into every KDA layer of the
-# `small` model and compares the model's logits on this lesson's prompt with its own. Everything here
+# `small` model, then your chunked form as every KDA layer's prefill, and compares the model's logits on this
+# lesson's prompt with its own each time. Everything here
 # runs in float64, so "the same" is checked to 1e-9. Each exercise has three hints: `hint("B.1")` the idea,
 # `hint("B.1", 2)` the shape of the computation, `hint("B.1", 3)` the code.
 
 # %%
 # (this section imports what it uses: it also runs on its own)
-from checks.build import against, check_delta_chunked, check_delta_step, check_kda_head, run_your_layer  # noqa: E402
+from checks.build import (CHUNK, against, check_delta_chunked, check_delta_step, check_kda_head,  # noqa: E402
+                          run_your_layer)
 from tiny_k3 import DEFAULT_PROMPT  # noqa: E402
 from workshop import exercise, load_model, try_exercise, weights_note  # noqa: E402
 
@@ -560,11 +578,13 @@ def my_kda_head(q, k, v, g_raw, beta_logit, A_log, dt_bias, lower_bound, S0=None
 try_exercise(check_kda_head, my_kda_head)
 
 # %% [markdown]
-# ### The model on your head
+# ### The model on your head, then on your chunked form
 # `tiny_k3.swap.swapped(model, kda_head=my_kda_head)` sends every head of every KDA layer through your function;
 # the projections, short convolution, output norm and gate around it stay the layer's own, and the MLA layers
-# are untouched. The cell prints the largest difference between the two runs' logits and the next token each
-# predicts for the prompt.
+# are untouched. The second run does the same with your `my_delta_chunked` doing each head's whole prefill, in
+# chunks of `checks.build.CHUNK` tokens, with the layer's own normalisation, gate and β
+# around it (`checks.build.chunked_head`). The cell prints, for each run, the largest difference between the
+# two runs' logits and the next token each predicts for the prompt.
 
 # %%
 build_model, build_trained = load_model("small")
@@ -572,3 +592,5 @@ build_model = build_model.double().eval()          # float64: the comparison can
 print(f"small, {weights_note(build_trained)}, in float64")
 print(f"your head goes into {len(build_model.config.kda_layers)} KDA layers × {build_model.config.kda_heads} heads:")
 build_kda = run_your_layer(build_model, DEFAULT_PROMPT, kda_head=my_kda_head)
+print(f"your chunked form as the prefill of every KDA head, {CHUNK} tokens a chunk:")
+build_chunked = run_your_layer(build_model, DEFAULT_PROMPT, delta_chunked=my_delta_chunked)

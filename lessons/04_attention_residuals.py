@@ -256,14 +256,18 @@ standard_io = 3 * d * b * L                        # read x, read f(x), write x 
 block_io = (N / S + 5) * d * b * L                 # Block AttnRes, two-phase schedule (Table 1, symbolic)
 sm = serving_model(k3)                             # K3's release: MXFP4 experts, BF16 rest
 weights_read = sm.dense_bytes + sm.moe_layers * sm.top_k * sm.expert_bytes   # active weights one token reads
+stored = 1 + L // S                                # kept for the whole pass: the embedding + completed block sums
 print(f"K3 decode, per token: residual-stream I/O standard {standard_io / 1e6:.1f} MB, Block AttnRes "
-      f"{block_io / 1e6:.1f} MB (N = {N} sources, S = {S})")
+      f"{block_io / 1e6:.1f} MB (N = {N} sources before the head: the embedding, {L // S} completed block sums and "
+      f"{N - stored} partial sum; S = {S} sublayers a block)")
 print(f"  vs active weights read per step ≈ {weights_read / 1e9:.0f} GB: the extra is "
       f"{(block_io - standard_io) / weights_read:.1e} of it — no serving win, and almost no serving cost")
 prefill_tokens = 128 * 1024
-print(f"prefill: the block representations take N·T·d = 8 × {prefill_tokens:,} × {d} × {b} B = "
-      f"{8 * prefill_tokens * d * b / 1e9:.1f} GB for 8 blocks at 128K tokens (attnres.md §4: 15 GB) — "
-      "why they are sharded over the sequence.")
+print(f"prefill: the block representations kept for the whole pass, the embedding and the {L // S} completed block "
+      f"sums (N − {N - stored} = {stored}: the partial sum is the running stream a standard residual keeps too), take "
+      f"{stored} × T × d × b = {stored} × {prefill_tokens:,} × {d} × {b} B = {stored * prefill_tokens * d * b / 1e9:.1f} GB "
+      f"at 128K tokens (attnres.md §4: 15 GB for 8 blocks) — why they are sharded over the sequence.")
+facts.update(attnres_sources=N, attnres_stored=stored, attnres_prefill_bytes=stored * prefill_tokens * d * b)
 
 # %% [markdown]
 # AttnRes changes nothing about what decode must keep per token (no new cache — the sources are recomputed

@@ -400,33 +400,50 @@ print(f"Against Kimi Linear the hybrid recipe is the same, {len(kimi_linear.kda_
 # %% [markdown]
 # ## The real thing
 #
-# Everything above ran a preset. The released K3 ships in its own format: a `config.json`, 96 safetensors
-# shards and an index naming 497,220 tensors, its routed experts in MXFP4 (two 4-bit values a byte, one
-# power-of-two scale per 32). `python -m sim real DIR` streams such a folder layer by layer: per token it reads
-# each layer's attention, router and shared experts, and in every MoE layer only the chosen experts' bytes, and
-# records the same Frames you walked above (docs/released.md). Here a tiny model is written in exactly that
-# layout and streamed back.
+# Everything above ran a preset. The released K3 ships in its own format: a `config.json`, safetensors shards
+# and an index naming every tensor, its routed experts in MXFP4 (two 4-bit values a byte, one power-of-two scale
+# per 32). `python -m sim real DIR` streams such a folder layer by layer: per token it reads each layer's
+# attention, router and shared experts, and in every MoE layer only the chosen experts' bytes, and records the
+# same Frames you walked above (docs/released.md). The first cell below counts the real index (from the table of
+# it the project ships, tiny_k3/released/k3_index_table.json) and what `--download 0-3` would fetch; the next
+# writes a tiny model in exactly that layout and streams it back.
 #
 # With the real folder: `--tokenizer auto` uses the checkpoint's own BPE (its `tiktoken.model`) instead of
-# bytes; `--download 0-3` fetches only the shards of the first four layers (57.6 GB of the 1.56 TB) and streams
-# that truncated model (`--layers 4`), whose tokens are not K3's (it says so); `--save RUN.npz` keeps the run,
-# and `tiny-k3 --open RUN.npz` shows it read-only in the TUI: looking at frames needs no weights.
+# bytes; `--download 0-3` fetches only the shards of the first four layers (the cell below prints how many
+# bytes, by the same code the download uses) and streams that truncated model (`--layers 4`), whose tokens are
+# not K3's (it says so); `--save RUN.npz` keeps the run, and `tiny-k3 --open RUN.npz` shows it read-only in the
+# TUI: looking at frames needs no weights.
+
+# %%
+import json
+
+from sim.real_download import parse_layers, shard_sizes, shards_for
+from tiny_k3.released import RELEASED_CONFIG, expand_table, layer_of, load_k3_table
+
+index = load_k3_table()          # the real index's names and shards, as a table (docs/released.md)
+released_json = json.loads(RELEASED_CONFIG.read_text())
+weight_map = {name: index["shards"][f"layer {layer_of(name)}" if layer_of(name) >= 0 else name.split(".")[0]][0]
+              for name in expand_table(index)}
+shard_bytes = shard_sizes(weight_map, released_json)
+first_four = shards_for(weight_map, parse_layers("0-3", released_json["text_config"]["num_hidden_layers"]))
+download_bytes = sum(shard_bytes[s] for s in first_four)
+facts.update(release_tensors=len(weight_map), release_shards=len(set(weight_map.values())),
+             release_bytes=sum(shard_bytes.values()), download_0_3_shards=len(first_four),
+             download_0_3_bytes=download_bytes)
+print(f"the released index: {len(weight_map):,} tensors in {len(set(weight_map.values()))} shards, "
+      f"{sum(shard_bytes.values()) / 1e12:.2f} TB")
+print(f"--download 0-3 fetches {len(first_four)} shards ({', '.join(s.split('-')[1] for s in first_four)} of "
+      f"{len(set(weight_map.values()))}: layers 0-3 and the embedding and head): {download_bytes / 1e9:.1f} GB")
 
 # %%
 import tempfile
 
-import torch
-
 from sim.real import RealSimulation, layer_bytes
-from tiny_k3 import TinyK3
-from tiny_k3.released import config_json_for, mxfp4_rounded, write_checkpoint
+from sim.real_synthetic import write_synthetic_release
 
-release_config = K3Config.from_released(config_json_for(K3Config.preset(
-    "tiny", moe_intermediate=32, latent_dim=32, shared_intermediate=32, num_experts=56, top_k=4)))
-torch.manual_seed(0)
-release_model = TinyK3(release_config)
-mxfp4_rounded(release_model)            # the experts as MXFP4 holds them
-release_dir = write_checkpoint(release_model, tempfile.mkdtemp(prefix="tiny-k3-release-"))
+# a tiny K3-shaped model, its experts rounded to MXFP4, written in the released layout (`python -m sim real DIR
+# --synthetic` writes the same release from a terminal)
+_, _, release_dir = write_synthetic_release(tempfile.mkdtemp(prefix="tiny-k3-release-"))
 real = RealSimulation(release_dir, "hi")
 real.run(2)
 real_frame = real.frame

@@ -164,33 +164,34 @@ print("This checkpoint reads the prompt through its " + ("KDA states: wiping the
 # there. Each cell is exact recall over all the answers of the lines, with its Wilson 95 % interval.
 
 # %%
-from tiny_k3.recall import (edited_recall_hits, hide_definitions_from_mla, make_probes,  # noqa: E402
-                            reset_kda_states, wilson_interval)
+from tiny_k3.recall import (Score, compare, edited_recall_hits, hide_definitions_from_mla,  # noqa: E402
+                            make_probes, reset_kda_states)
 
-MANY = {2: make_probes(8, 2, 16, seed=71), 26: make_probes(8, 26, 16, seed=73)}   # 16 and 208 answers
+MANY = {2: make_probes(8, 2, 16, seed=71), 52: make_probes(4, 52, 16, seed=73)}   # 16 and 208 answers
 cuts = {"intact": None, "MLA blind": hide_definitions_from_mla, "KDA reset": reset_kda_states()}
 many = {cut: {n: edited_recall_hits(sim.model, lines, edit) for n, lines in MANY.items()} for cut, edit in cuts.items()}
 print(f"{'pairs (16 filler)':18s}" + "".join(f"{n:>16d}" for n in MANY))
 for cut, cells in many.items():
-    print(f"{cut:18s}" + "".join(f"{h / a:>7.0%} [{100 * wilson_interval(h, a)[0]:.0f},"
-                                 f"{100 * wilson_interval(h, a)[1]:.0f}]".rjust(16) for h, a in cells.values()))
+    print(f"{cut:18s}" + "".join(str(Score(h, a)).rjust(16) for h, a in cells.values()))
 share = {cut: {n: h / a for n, (h, a) in cells.items()} for cut, cells in many.items()}
 signed = lambda x: "+0 points" if round(100 * x) == 0 else f"{100 * x:+.0f} points"  # noqa: E731
 facts["many_pairs"] = share
 drop = {n: share["intact"][n] - share["MLA blind"][n] for n in MANY}
 facts["mla_blind_drop"] = drop
-carried = drop[26] >= 0.2 and drop[2] <= 0.05
+# "carry": blinding costs >= 20 points at 52 pairs, with intact and blind intervals apart, and <= 5 at 2
+carried = (drop[52] >= 0.2 and compare(Score(*many["intact"][52]), Score(*many["MLA blind"][52])) > 0
+           and drop[2] <= 0.05)
 facts["mla_carries_many_pairs"] = carried
 ci = lambda cut, n: percent_ci(*many[cut][n])  # noqa: E731   (hits, answers): rate, Wilson 95 %, n
-print("• " + (f"at many pairs the MLA layers carry recall: blinding them costs {drop[26]:.0%} at 26 pairs "
-              f"({ci('intact', 26)} -> {ci('MLA blind', 26)}) but only {drop[2]:.0%} at 2 "
-              f"({ci('intact', 2)} -> {ci('MLA blind', 2)}), where the KDA states hold it"
+print("• " + (f"at many pairs the MLA layers carry recall: blinding them costs {drop[52]:.0%} at 52 pairs "
+              f"({ci('intact', 52)} -> {ci('MLA blind', 52)}) but only {signed(drop[2])} at 2 "
+              f"({ci('intact', 2)} -> {ci('MLA blind', 2)}), where the KDA states hold it; more pairs than a "
+              f"state of {sim.config.kda_head_dim} x {sim.config.kda_head_dim} per head can keep apart"
               if carried else
               f"in this checkpoint the MLA layers carry little recall even at many pairs: blinding them changes "
-              f"exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[26])} at 26 (intact "
-              f"{ci('intact', 26)}, blind {ci('MLA blind', 26)}), while a KDA reset sends it to "
-              f"{ci('KDA reset', 26)} at 26. Its KDA layers learned the look-up first "
-              "and its attention never had to: what K3 keeps MLA for is not what this toy's training rewarded"))
+              f"exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[52])} at 52 (intact "
+              f"{ci('intact', 52)}, blind {ci('MLA blind', 52)}), while a KDA reset sends it to "
+              f"{ci('KDA reset', 52)} at 52"))
 
 # %% [markdown]
 # Step through the reset what-if token by token: top-5 before and after, and where it first diverged.
@@ -289,17 +290,44 @@ for layer, b, a, i0, i1 in zip(layers, facts["balance_before"], facts["balance_a
                                facts["idle_after"]):
     print(f"L{layer}: max/mean load {b:5.2f} -> {a:5.2f}   idle experts {i0:3d} -> {i1:3d} of {cfg.num_experts}")
 print(f"loss {loss0:.4f} -> {loss_nobias:.4f} nats/token without the bias")
+
+
+def concentration(load):
+    """(the fewest experts that take half of the layer's routed slots, the 10 busiest experts' share of them)."""
+    busiest = torch.sort(load, descending=True).values.double()
+    return int((busiest.cumsum(0) < busiest.sum() / 2).sum()) + 1, float(busiest[:10].sum() / busiest.sum())
+
+
+(half0, top0), (half1, top1) = concentration(load0[LAYER]), concentration(load1[LAYER])
+facts.update(half_slots_before=half0, half_slots_after=half1, top10_share_before=top0, top10_share_after=top1)
+print(f"L{LAYER} without the bias: half of its {int(load1[LAYER].sum()):,} routed slots go to its {half1} busiest "
+      f"experts ({half0} with the bias), the 10 busiest take {top1:.1%} of them ({top0:.1%} with the bias; an even "
+      f"load gives {10 / cfg.num_experts:.1%}), and {facts['idle_after'][layers.index(LAYER)]} of {cfg.num_experts} "
+      f"experts take none ({facts['idle_before'][layers.index(LAYER)]} with the bias)")
 k = cfg.top_k
 kept = np.mean([len(set(a.tolist()) & set(b.tolist())) / k for layer in layers
                 for a, b in zip(ids0[layer], ids_nobias[layer])])          # experts a token keeps, on average
 new_picks = [e for layer in layers for a, b in zip(ids0[layer], ids_nobias[layer]) for e in set(b.tolist()) - set(a.tolist())]
 new_layers = [layer for layer in layers for a, b in zip(ids0[layer], ids_nobias[layer]) for _ in set(b.tolist()) - set(a.tolist())]
 rare = np.mean([int(load0[layer][e]) <= 1 for layer, e in zip(new_layers, new_picks)]) if new_picks else 0.0
-facts.update(nobias_kept_share=float(kept), nobias_new_to_rare=float(rare))
+# The interval is over TOKENS, not picks: one token's new picks in every MoE layer move together, and many tokens
+# pick the same expert, so the picks are not independent draws. Resample the tokens (each with all its picks).
+n_text = text_ids.shape[1]
+rare_by_token, new_by_token = np.zeros(n_text), np.zeros(n_text)
+for layer in layers:
+    for t, (a, b) in enumerate(zip(ids0[layer], ids_nobias[layer])):
+        for e in set(b.tolist()) - set(a.tolist()):
+            new_by_token[t] += 1
+            rare_by_token[t] += int(load0[layer][e]) <= 1
+draws = np.random.default_rng(0).integers(0, n_text, size=(2000, n_text))
+rare_lo, rare_hi = np.percentile(rare_by_token[draws].sum(1) / np.maximum(new_by_token[draws].sum(1), 1), [2.5, 97.5])
+facts.update(nobias_kept_share=float(kept), nobias_new_to_rare=float(rare), new_to_rare_interval=[rare_lo, rare_hi],
+             new_picks=len(new_picks), new_picks_by_token=int(new_by_token.sum()), interval_tokens=n_text)
 assert loss_nobias > loss0, "switching off the bias changes which experts run, so the output (and loss) changes"
 print(f"without the bias a token keeps {kept:.0%} of its {k} experts on average (over {sum(map(len, ids0.values())):,} "
-      f"token-layers); of the experts it gets instead, {percent_ci(round(rare * len(new_picks)), len(new_picks))} "
-      "took at most one token of this text with the bias on")
+      f"token-layers); of the tokens' {len(new_picks):,} picks of an expert they did not have before, {rare:.0%} went to "
+      f"experts that took at most one token of this text with the bias on (95 % interval {100 * rare_lo:.0f}–{100 * rare_hi:.0f} %, from resampling the "
+      f"{n_text} tokens with all their picks: the picks are not {len(new_picks):,} independent draws)")
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
 x = np.arange(len(layers))
@@ -315,9 +343,9 @@ a2.legend(), a2.set_title("load per expert")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# Without the bias a few experts the router happens to like take most tokens and hundreds sit idle:
-# the bias is what spreads the work (and in an expert-parallel deployment, what keeps one GPU from
-# doing the work of four).
+# Without the bias the load piles onto the experts the router happens to like, and hundreds sit idle (the counts
+# are printed above: how few experts take half of the slots, the ten busiest ones' share, the idle ones). The bias
+# is what spreads the work (and in an expert-parallel deployment, what keeps one GPU from doing the work of four).
 #
 # And the loss changes by a lot (the line above), although lesson 1 showed the bias never enters the weights
 # w = s[ids] / Σ s[ids]. It does not need to: it decides *who* runs, and a different who is a different
@@ -395,7 +423,7 @@ plt.tight_layout(); plt.show()
 #
 # ## Exercises
 #
-# ### Exercise 7.1 — routing with an ablated expert
+# ### Exercise 7.1 — routing with an ablated expert (★★☆, about 8 min)
 # `AblateExpert` changes one thing before top-k. Write the router's choice with some experts knocked out.
 
 # %% tags=["exercise"]
@@ -409,7 +437,7 @@ def my_ablated_route(scores, bias, top_k, ablated):
 try_exercise(check_ablated_route, my_ablated_route)
 
 # %% [markdown]
-# ### Exercise 7.2 — how far did the prediction move?
+# ### Exercise 7.2 — how far did the prediction move? (★☆☆, about 5 min)
 # `WhatIf.kl` compares the original next-token distribution with the branch's. Compute it from two
 # rows of logits.
 
@@ -424,7 +452,7 @@ def my_kl(p_logits, q_logits):
 try_exercise(check_kl, my_kl)
 
 # %% [markdown]
-# ### Exercise 7.3 — wipe one KDA head
+# ### Exercise 7.3 — wipe one KDA head (★★☆, about 8 min)
 # `ResetState(layer, head)` clears everything that head remembers — without touching the timeline's copy.
 
 # %% tags=["exercise"]

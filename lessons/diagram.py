@@ -50,14 +50,25 @@ def _path(ax, config) -> None:
             "(grows)", fontsize=10, va="top")
     kinds = config.layer_kinds
     pattern = "".join("M" if k == "mla" else "K" for k in kinds)
-    ax.text(-0.25, -2.55, f"schedule {pattern} (K = KDA, M = MLA); K3: the same 3:1 pattern over 93 layers, "
-            "MLA at 4, 8, …, 92 and 93", fontsize=10, va="top")
+    ax.text(-0.25, -2.55, f"schedule {pattern} (K = KDA, M = MLA); {k3_schedule()}", fontsize=10, va="top")
+
+
+def k3_schedule() -> str:
+    """K3's schedule in the diagram's numbering: layers count from 0, as in the code (K3Config.mla_layers) and the
+    L0, L1, … labels above; the released config.json counts from 1 (k3_facts.md §1)."""
+    from tiny_k3 import K3Config
+
+    k3 = K3Config.preset("k3")
+    mla = k3.mla_layers
+    head = ", ".join(f"L{i}" for i in mla[:2])
+    return (f"K3: the same 3:1 pattern over {k3.num_layers} layers L0 … L{k3.num_layers - 1}, MLA at {head}, …, "
+            f"L{mla[-2]} and L{mla[-1]}")
 
 
 def _moe(ax, config) -> None:
     """One latent-MoE sublayer, left to right (moe.md §4)."""
     d, l, E, k = config.hidden_size, config.latent_dim, config.num_experts, config.top_k
-    ax.set_xlim(0, 12), ax.set_ylim(-0.6, 6.6), ax.axis("off")
+    ax.set_xlim(-0.3, 12.3), ax.set_ylim(-0.7, 6.7), ax.axis("off")    # a margin: no box is clipped at the edge
     _box(ax, 0.0, 2.6, 1.0, 0.8, f"x\n[{d}]", COLORS["embed"])
     _box(ax, 1.4, 4.5, 3.2, 0.9, f"router σ(W_r x) + b\ntop-{k} of {E}", "#555555", fontsize=10)
     _box(ax, 1.4, 2.6, 1.8, 0.8, f"W_down\n{d}→{l}", COLORS["moe"], fontsize=10)

@@ -10,6 +10,8 @@
                                   at an arbitrary edge, so its length means nothing
     percent_ci(hits, n)           "61% [54–67 %, n = 208]": an empirical rate with its Wilson 95 % interval and
                                   sample size, the way every measured percentage in the lessons is printed
+    speedup_curve(batch, grid)    t(twin) / t(K3) from sim.serving at a fixed batch, only where both models hold
+                                  that batch: a curve stops where the table beside it says "n/a"
 """
 
 from __future__ import annotations
@@ -123,3 +125,37 @@ def depth_grid(reads, block_size: int, num_layers: int):
         if j % block_size:
             grid[row, -1] = w[-1]
     return grid, ["emb"] + [f"b{n}" for n in range(1, n_blocks + 1)] + ["partial"]
+
+
+def largest_fitting_context(name: str, dep: str, batch: int, hi: int = 1 << 20) -> int:
+    """The longest context (tokens, at most `hi`) at which model `name` holds `batch` sequences on `dep`
+    (sim.serving.serve(...).fits); 0 if it holds them at no context. Holding fewer bytes per sequence at a shorter
+    context, a model that fits at T fits at every shorter one: a bisection finds the edge."""
+    from sim.serving import serve
+
+    if serve(name, dep, batch, hi).fits:
+        return hi
+    lo, top = 0, hi                     # fits at lo (or lo == 0), not at top
+    while top - lo > 1:
+        mid = (lo + top) // 2
+        lo, top = (mid, top) if serve(name, dep, batch, mid).fits else (lo, mid)
+    return lo
+
+
+def speedup_curve(batch: int, grid, dep: str, models=("twin", "K3")):
+    """t(models[0]) / t(models[1]) per decode step from sim.serving at `batch` sequences on `dep`, for the contexts
+    of `grid` at which BOTH models hold that batch (the serving table's "n/a" elsewhere).
+
+    Returns (contexts, ratios, end): end is None when the curve covers the whole grid, else (the longest context
+    at which both hold the batch, the model that stops holding it first)."""
+    from sim.serving import serve
+
+    edges = {name: largest_fitting_context(name, dep, batch, int(max(grid))) for name in models}
+    stop = min(edges.values())
+    xs = [int(t) for t in grid if int(t) <= stop]
+    if stop < int(max(grid)) and stop > 0 and (not xs or xs[-1] != stop):
+        xs.append(stop)                 # the curve ends exactly where the batch stops fitting
+    ys = [serve(models[0], dep, batch, t).step_s / serve(models[1], dep, batch, t).step_s for t in xs]
+    short = min(edges, key=edges.get)
+    end = None if stop >= int(max(grid)) else (stop, short)
+    return np.array(xs), np.array(ys), end

@@ -4,6 +4,7 @@
     python -m sim costs          # K3's serving figures and the corrections, with their sources
     python -m sim measure --quick  # one real-width layer of each kind timed here, composed into K3 and its twin
     python -m sim measure --quick --batch 1,8,64   # the same at each batch, one line per batch
+    python -m sim real DIR --synthetic   # a tiny synthetic release in the released format, written, then streamed
     python -m sim real DIR --prompt "Hi" --tokens 4   # a released-format checkpoint, streamed layer by layer
 
 Prints one row per token (the token fed in and the one chosen next, the experts chosen in --layer, the

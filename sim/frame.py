@@ -71,7 +71,7 @@ class MemoryRecord:
 
     kv_bytes: int             # growing caches of the hybrid (MLA layers)
     state_bytes: int          # fixed KDA states (S + conv tail)
-    twin_kv_bytes: int        # the all-softmax twin's cache at the same position
+    twin_kv_bytes: int        # the all-softmax twin's whole cache at the same position (its KV cache + conv tails)
     layer_bytes: tuple[int, ...] = ()  # per layer of the hybrid
 
     @property

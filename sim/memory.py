@@ -5,7 +5,9 @@ What a sequence keeps between tokens (k3_facts.md §5a; tiny_k3/cache.py holds t
 * every gated-MLA layer caches, per token, the latent c (kv_lora_rank) and the shared key part
   (qk_rope_dim) in cfg.dtype -> grows linearly with the context;
 * every KDA layer keeps a fixed state S [H, K, V] in float32 plus the short-convolution tail
-  [W-1, 2*H*K + H*V] in cfg.dtype -> constant, present from the first token on.
+  [W-1, 2*H*K + H*V] in cfg.dtype -> constant, present from the first token on;
+* the twin's MLA layers that keep KDA's short convolution (K3Config.mla_conv_layers) keep its tail too,
+  [W-1, kv_lora_rank + qk_rope_dim + q width] in cfg.dtype -> constant, counted with the states.
 
 `cache_bytes` must equal `ModelCache.kv_bytes()` / `state_bytes()` measured on the live model for
 every preset (tests/test_memory_costs.py checks it). All byte units here are decimal (1 GB = 1e9 B),
@@ -48,10 +50,11 @@ def kv_bytes_per_token(config: K3Config) -> int:
 
 @dataclass(frozen=True)
 class StateBytes:
-    """Fixed decode state of one sequence, summed over the KDA layers.
+    """Fixed decode state of one sequence, summed over the KDA layers (and the twin's conv tails).
 
     state: L_kda * H * K * V * 4 (float32 S)      K3: 69*96*128*128*4 = 434,110,464 B
     conv:  L_kda * (W-1) * (2*H*K + H*V) * b       K3: 69*3*36,864*2  =  15,261,696 B
+           + L_conv * (W-1) * (kv_lora + rope + q width) * b   the twin's MLA conv tails (K3's twin: 69*3*2,112*2)
     """
 
     state: int
@@ -63,14 +66,18 @@ class StateBytes:
 
 
 def state_bytes_fixed(config: K3Config) -> StateBytes:
-    """Bytes of all KDA states of one sequence (once at least one token has been seen)."""
+    """Bytes of all fixed states of one sequence (once at least one token has been seen): the KDA layers' S and
+    conv tails, and the conv tails of the twin's MLA layers that keep a short convolution."""
     h, k = config.kda_heads, config.kda_head_dim
     v = k  # K = V in K3Config (kda_head_dim serves both)
     layers = len(config.kda_layers)
     conv_channels = 2 * h * k + h * v  # q, k and v are each convolved before the delta rule
+    q_width = config.q_lora_rank if config.q_lora_rank is not None else config.mla_heads * config.qk_head_dim
+    mla_channels = config.mla_cache_width + q_width     # [c, k_r] and the query's first projection
+    tails = layers * conv_channels + len(config.mla_conv_layers) * mla_channels
     return StateBytes(
         state=layers * h * k * v * STATE_BYTES,
-        conv=layers * (config.kda_conv_kernel - 1) * conv_channels * config.dtype_bytes,
+        conv=(config.kda_conv_kernel - 1) * tails * config.dtype_bytes,
     )
 
 

@@ -50,11 +50,12 @@ def segments(n: int, segment: int = SEGMENT) -> list[tuple[int, int]]:
 
 def layer_bytes_at(layer, tokens: int) -> int:
     """Bytes of one layer's decode cache after `tokens` tokens, from a cache that holds at least that many:
-    an MLA cache keeps one row per token (so it scales), a KDA state is a fixed size."""
+    an MLA cache keeps one row per token (so it scales; a twin's conv tail beside it does not), a KDA state is a
+    fixed size."""
     if layer is None:
         return 0
     if isinstance(layer, MLACache):
-        return layer.nbytes() * tokens // layer.length
+        return layer.kv_nbytes() * tokens // layer.length + layer.nbytes() - layer.kv_nbytes()
     return layer.nbytes()
 
 
@@ -68,13 +69,14 @@ def memory_record(cache: ModelCache, twin_cache: ModelCache | None, twin_config:
     if twin_cache is not None:
         twin_kv = sum(layer_bytes_at(c, tokens) for c in twin_cache.layers if isinstance(c, MLACache))
     else:
-        twin_kv = cache_bytes(twin_config, tokens)[0]
+        twin_kv = sum(cache_bytes(twin_config, tokens))    # its KV cache, and its conv tails where it keeps them
     kv = state = 0
     layer_bytes = []
     for c in cache.layers:
         b = layer_bytes_at(c, tokens)
-        kv += b if isinstance(c, MLACache) else 0
-        state += b if isinstance(c, KDAState) else 0
+        tail = c.nbytes() - c.kv_nbytes() if isinstance(c, MLACache) else 0     # an MLA conv tail is fixed state
+        kv += b - tail if isinstance(c, MLACache) else 0
+        state += b if isinstance(c, KDAState) else tail
         layer_bytes.append(ints.setdefault(b, b))
     return MemoryRecord(kv_bytes=kv, state_bytes=state, twin_kv_bytes=twin_kv, layer_bytes=tuple(layer_bytes))
 

@@ -10,6 +10,8 @@ sim.Simulation whose model is the stream), so routing, KDA state, depth weights 
 Nothing is downloaded unless --download asks (sim/real_download.py): a missing file is an error naming it.
 Tokens are the checkpoint's own BPE where its tiktoken.model and tokenizer_config.json are there
 (tiny_k3.tokenizer.CheckpointTokenizer, --tokenizer auto), else bytes. --layers N streams a truncated model.
+--synthetic first writes a tiny synthetic release into an empty or missing DIR (sim/real_synthetic.py), to
+try the format without the real checkpoint's 1.56 TB.
 """
 
 from __future__ import annotations
@@ -334,9 +336,7 @@ def _size(n: float) -> str:
     return f"{n:.2f} TB"
 
 
-def main_real(argv: list[str], console) -> int:
-    """`python -m sim real DIR [--prompt TEXT] [--tokens N] [--save RUN.npz] [--device D] [--keep]
-    [--tokenizer auto|checkpoint|bytes] [--layers N] [--download LAYERS [--repo ID]]`."""
+def _real_parser():
     import argparse
 
     from .real_download import DEFAULT_REPO
@@ -344,6 +344,9 @@ def main_real(argv: list[str], console) -> int:
     p = argparse.ArgumentParser(prog="python -m sim real", description="Stream a released-format K3 checkpoint "
                                 "from DIR layer by layer and show each token's routing, bytes read and time.")
     p.add_argument("dir", help="folder with config.json, model.safetensors.index.json and the shards")
+    p.add_argument("--synthetic", action="store_true", help="first write a tiny synthetic release (the released "
+                   "names, dtypes and MXFP4 experts, random weights) into DIR, which must be empty or missing (or "
+                   "hold one written before), then stream it: the format tried without 1.56 TB")
     p.add_argument("--prompt", default="Hi")
     p.add_argument("--tokens", type=int, default=4, help="tokens to generate after the prompt")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cpu)")
@@ -361,15 +364,18 @@ def main_real(argv: list[str], console) -> int:
                    "huggingface_hub, the config, index, tokenizer and only the shards LAYERS (e.g. 0-3) need; "
                    "implies --layers (last of LAYERS) + 1")
     p.add_argument("--repo", default=DEFAULT_REPO, help=f"the hub repo --download reads (default {DEFAULT_REPO})")
-    args = p.parse_args(argv)
+    return p
+
+
+def main_real(argv: list[str], console) -> int:
+    """`python -m sim real DIR [--synthetic] [--prompt TEXT] [--tokens N] [--save RUN.npz] [--device D] [--keep]
+    [--tokenizer auto|checkpoint|bytes] [--layers N] [--download LAYERS [--repo ID]]`."""
+    args = _real_parser().parse_args(argv)
     try:
         if args.tokens < 0:
             raise ValueError(f"--tokens must be 0 or more, got {args.tokens}.")
         resolve_device(args.device or "cpu")     # no GPU for --device cuda: said before anything is read
-        if args.download is not None:
-            from .real_download import download
-            layers = download(args.dir, args.download, args.repo, say=console.print)
-            args.layers = args.layers or layers[-1] + 1
+        _fill_folder(args, console)
         checkpoint = Checkpoint(args.dir, layers=args.layers)   # (the errors about the folder come before any token)
         if args.save:
             prompt_tokens = len(choose_tokenizer(checkpoint.folder, args.tokenizer).encode(args.prompt))
@@ -383,6 +389,24 @@ def main_real(argv: list[str], console) -> int:
         return 2
     _report(sim, args, console)
     return 0
+
+
+def _fill_folder(args, console) -> None:
+    """What DIR needs before it is opened: the shards --download names (sim/real_download.py), or a synthetic
+    release for --synthetic (sim/real_synthetic.py). Both at once would write two things into one folder."""
+    if args.synthetic and args.download is not None:
+        raise ValueError("--synthetic writes its own release into DIR; it cannot be combined with --download.")
+    if args.download is not None:
+        from .real_download import download
+        layers = download(args.dir, args.download, args.repo, say=console.print)
+        args.layers = args.layers or layers[-1] + 1
+    if args.synthetic:
+        from .real_synthetic import prepare_synthetic
+        folder, written = prepare_synthetic(args.dir)
+        files = sum(1 for p in folder.iterdir() if p.is_file())
+        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        console.print(f"{'wrote' if written else 'found'} a synthetic release in {folder}: {files} files, "
+                      f"{_size(size)} (the released names, dtypes and MXFP4 experts; random weights, not K3's)")
 
 
 def _stream(checkpoint: Checkpoint, args, console) -> RealSimulation:

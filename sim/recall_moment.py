@@ -345,19 +345,30 @@ class StillCarried:
     has_mla: bool                   # the preset has MLA layers (softmax over the whole context)
 
     def sentence(self) -> str:
-        """One or two sentences for the what-if screen."""
-        kept = (f"'{self.answer}' survives this reset (p {self.p_before:.3f} → {self.p_reset:.3f}), so other "
-                f"parts still carry it.")
-        if self.all_kda_answer != self.answer:
-            moved = [f"L{layer} ({p:.3f})" for layer, p in self.layers if self.p_before - p >= 0.05][:3]
-            where = (f" Reset alone, these KDA layers lower p('{self.answer}') most: {', '.join(moved)}." if moved
-                     else "")
-            return (f"{kept} With every KDA state reset beside it the answer becomes '{self.all_kda_answer}' "
-                    f"(p('{self.answer}') {self.p_all_kda:.3f}): other KDA heads hold it.{where}")
-        carrier = ("the MLA layers carry it (softmax over the whole context)" if self.has_mla else
+        """One or two sentences for the what-if screen: the answer is still the top choice under the reset, what the
+        reset did to its probability (a fall from 0.999 to 0.236 is a fall, not survival), then what still holds it,
+        measured beside it by resetting every KDA state (and each KDA layer alone)."""
+        c = self
+        before, after = c.p_before, c.p_reset
+        if before - after >= 0.05:
+            kept = (f"'{c.answer}' is still the top choice after this reset, but its probability falls from {before:.3f} "
+                    f"to {after:.3f}: the reset took {(before - after) / before:.0%} of it, and other parts carry the "
+                    f"rest.")
+        elif after - before >= 0.05:
+            kept = (f"'{c.answer}' is still the top choice after this reset, and its probability rises from {before:.3f} "
+                    f"to {after:.3f}: other parts carry it.")
+        else:
+            kept = (f"'{c.answer}' is still the top choice after this reset, its probability almost unchanged "
+                    f"({before:.3f} → {after:.3f}): other parts carry it.")
+        if c.all_kda_answer != c.answer:
+            moved = [f"L{layer} ({p:.3f})" for layer, p in c.layers if c.p_before - p >= 0.05][:3]
+            where = (f" Reset alone, these KDA layers lower p('{c.answer}') most: {', '.join(moved)}." if moved else "")
+            return (f"{kept} With every KDA state reset beside it the answer becomes '{c.all_kda_answer}' "
+                    f"(p('{c.answer}') {c.p_all_kda:.3f}): other KDA heads hold it.{where}")
+        carrier = ("the MLA layers carry it (softmax over the whole context)" if c.has_mla else
                    "no recurrent state carries it (the query's own tokens give it)")
-        return (f"{kept} Even with every KDA state reset beside it the answer stays '{self.answer}' "
-                f"(p {self.p_all_kda:.3f}): {carrier}.")
+        return (f"{kept} Even with every KDA state reset beside it the answer stays '{c.answer}' "
+                f"(p {c.p_all_kda:.3f}): {carrier}.")
 
 
 def _is_partial_reset(changes) -> bool:

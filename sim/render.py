@@ -89,7 +89,7 @@ def half_blocks(cells: list[list[RGB | None]]) -> Text:
     return out
 
 
-def _shade(t: float) -> str:
+def shade(t: float) -> str:
     """A magnitude in [0, 1] as one of ' ░▒▓█' (0 stays blank only when it is exactly 0)."""
     if not t > 0:
         return SHADES[0]
@@ -226,52 +226,119 @@ def expert_load_bars(load: np.ndarray, top: int = 16, width: int = 24) -> Group:
     return Group(head, t)
 
 
+# ---------------------------------------------------------------------------- colour maps and their keys
+
+# The state's diverging map: dark at 0, through red and orange to pale yellow for S > 0 and through blue to pale
+# cyan for S < 0, so both ends are bright on a dark background. Stops are (t, RGB) with t = sqrt(|S| / scale).
+STATE_POSITIVE = ((0.0, DARK), (0.3, (140, 45, 45)), (0.65, (235, 110, 45)), (1.0, (255, 230, 120)))
+STATE_NEGATIVE = ((0.0, DARK), (0.3, (40, 70, 160)), (0.65, (45, 155, 240)), (1.0, (160, 235, 255)))
+STATE_PERCENTILE = 99      # the state's colour scale: this percentile of |S| (robust to a few huge entries)
+# The depth weights' map: dark at 0 through green to pale green at 1, t = sqrt(weight).
+WEIGHT_RAMP = ((0.0, DARK), (0.3, (35, 100, 70)), (0.65, (70, 200, 115)), (1.0, (200, 255, 180)))
+
+
+def _ramp(stops, t: float) -> RGB:
+    """The colour at t in [0, 1] of a map given as (t, RGB) stops, linear between them."""
+    t = min(max(float(t), 0.0), 1.0)
+    for (a, ca), (b, cb) in zip(stops, stops[1:]):
+        if t <= b:
+            return _lerp(ca, cb, (t - a) / (b - a))
+    return stops[-1][1]
+
+
+def robust_scale(values, percentile: float = STATE_PERCENTILE) -> float:
+    """The colour scale of a picture of `values`: that percentile of |values|, so a handful of large entries do
+    not turn every other cell dark (they are drawn at full colour); the largest |value| where the percentile is
+    0, and 1.0 for an all-zero picture."""
+    a = np.abs(np.asarray(values, dtype=np.float64)).reshape(-1)
+    a = a[np.isfinite(a)]
+    if not a.size:
+        return 1.0
+    p = float(np.percentile(a, percentile))
+    return p if p > 0 else float(a.max()) if a.max() > 0 else 1.0
+
+
+def state_colour(x: float, scale: float) -> RGB:
+    """One state entry's colour on a symmetric scale of ±scale: sqrt-compressed, so small entries still show."""
+    t = math.sqrt(min(abs(float(x)) / scale, 1.0)) if scale > 0 and math.isfinite(x) else 0.0
+    return _ramp(STATE_POSITIVE if x >= 0 else STATE_NEGATIVE, t)
+
+
+def weight_colour(w: float) -> RGB:
+    """A depth weight in [0, 1] as a colour: dark at 0, green, pale green at 1 (sqrt-compressed, so 0.05 shows)."""
+    return _ramp(WEIGHT_RAMP, math.sqrt(min(max(float(w), 0.0), 1.0)) if math.isfinite(w) else 0.0)
+
+
+def weight_style(w: float) -> Style:
+    """A depth weight in [0, 1] as a style (weight_colour)."""
+    return _style(weight_colour(w))
+
+
 # ---------------------------------------------------------------------------- KDA
 
 
-def state_heatmap(state: np.ndarray, title: str | None = None) -> Group:
-    """A K x V state S as half-block cells: red positive, blue negative, dark zero; a legend line below.
-
-    Colours are scaled to max |S|; without colour ░▒▓█ show |S| (of the larger cell of each pair).
-    """
+def state_cells(state: np.ndarray, scale: float | None = None) -> ByColour:
+    """A K x V state S as half-block cells on the diverging map (state_colour) of ±scale (default: robust_scale).
+    Without colour, ░▒▓█ show |S| on the same sqrt scale (of the larger cell of each pair)."""
     S = np.asarray(state, dtype=np.float32)
     if S.ndim != 2:
         raise ValueError(f"state must be one head's [K, V] matrix, got shape {S.shape}.")
     K, V = S.shape
-    m = float(np.abs(S).max()) if S.size else 0.0
-    scale = m if m > 0 else 1.0
+    scale = robust_scale(S) if scale is None else scale
 
     def colour() -> Text:
-        return half_blocks([[_lerp(DARK, POSITIVE, x / scale) if x >= 0 else _lerp(DARK, NEGATIVE, -x / scale)
-                             for x in row] for row in S])
+        return half_blocks([[state_colour(x, scale) for x in row] for row in S])
 
     def mono() -> Text:
-        mag = np.abs(S) / scale
+        mag = np.sqrt(np.minimum(np.abs(S) / scale, 1.0))
         if K % 2:
             mag = np.vstack([mag, np.zeros((1, V), np.float32)])
         pairs = np.maximum(mag[0::2], mag[1::2])
-        return Text("\n".join("".join(_shade(x) for x in row) for row in pairs), no_wrap=True, overflow="crop")
+        return Text("\n".join("".join(shade(x) for x in row) for row in pairs), no_wrap=True, overflow="crop")
 
-    legend = Text(f"{title + ' · ' if title else ''}K={K} x V={V} · min {S.min():+.3f} · max {S.max():+.3f}"
-                  f" · ‖S‖ {np.linalg.norm(S):.3f}", style="dim")
-    return Group(ByColour(colour, mono), legend)
+    return ByColour(colour, mono)
 
 
-def decay_beta_bars(kda: KDARecord, head: int, width: int = 20) -> Table:
-    """One KDA head: the decay alpha per key channel (0..1), the write strength beta, ||S|| and the write."""
+def state_legend(state: np.ndarray, title: str | None = None) -> Text:
+    """One line under a state: its shape, min, max and norm."""
+    S = np.asarray(state, dtype=np.float32)
+    K, V = S.shape
+    return Text(f"{title + ' · ' if title else ''}K={K} x V={V} · min {S.min():+.3f} · max {S.max():+.3f}"
+                f" · ‖S‖ {np.linalg.norm(S):.3f}", style="dim")
+
+
+def state_heatmap(state: np.ndarray, title: str | None = None) -> Group:
+    """A K x V state S as half-block cells: red to yellow positive, blue to cyan negative, dark zero (state_cells,
+    on ±robust_scale(S), the 99th percentile of |S|, which the line under the legend gives), then a legend line
+    (shape, min, max, norm). The TUI draws its colour key with numbers beside it (tui_app/keys.py)."""
+    S = np.asarray(state, dtype=np.float32)
+    cells = state_cells(S)                       # checks the shape
+    scale = Text(f"colour ±{robust_scale(S):.3g} (99th percentile of |S|, sqrt-scaled; beyond it: full colour)",
+                 style="dim")
+    return Group(cells, state_legend(S, title), scale)
+
+
+def decay_beta_bars(kda: KDARecord, head: int, width: int = 20, norms: bool = True, stats: bool = True) -> Table:
+    """One KDA head: the decay alpha per key channel (0..1), the write strength beta, ||S|| and the write
+    (norms=False: without that row; stats=False: without the decay's numbers beside its sparkline)."""
     H = kda.decay.shape[0]
     if not 0 <= head < H:
         raise ValueError(f"head {head} is out of range; this layer has heads 0 to {H - 1}.")
     decay, beta = kda.decay[head], float(kda.beta[head])
     t = Table.grid(padding=(0, 1))
-    t.add_column(style="bold")
-    t.add_column()
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(no_wrap=True)
     t.add_column(style="dim")
     t.add_row("decay α", Text(sparkline(decay, 0.0, 1.0), style=_style(WEIGHT_HIGH)),
-              f"per key channel, 0..1 · min {decay.min():.3f} mean {decay.mean():.3f} max {decay.max():.3f}")
-    t.add_row("beta β", Text(bar(beta, width), style=_style(CHOSEN)), f"{beta:.3f}")
-    t.add_row("‖S‖", f"{float(kda.state_norm[head]):.4f}",
-              f"write ‖S - Diag(α) S_prev‖ {float(kda.correction_norm[head]):.4f}")
+              f"per key channel, 0..1 · min {decay.min():.3f} mean {decay.mean():.3f} max {decay.max():.3f}"
+              if stats else "")
+    if stats:
+        t.add_row("beta β", Text(bar(beta, width), style=_style(CHOSEN)), f"{beta:.3f}")
+    else:                                   # its number right after the bar: the row is no wider than the decay's
+        t.add_row("beta β", Text.assemble((bar(beta, width), _style(CHOSEN)), f" {beta:.3f}"), "")
+    if norms:
+        t.add_row("‖S‖", f"{float(kda.state_norm[head]):.4f}",
+                  f"write ‖S - Diag(α) S_prev‖ {float(kda.correction_norm[head]):.4f}")
     return t
 
 
@@ -307,23 +374,20 @@ def _ratio(x: float) -> str:
     return f"{x:.2f}x" if x >= 0.1 else f"{x:.2g}x"
 
 
-def weight_style(w: float) -> Style:
-    """A depth weight in [0, 1] as a colour: dark at 0, bright green (WEIGHT_HIGH) at 1."""
-    return _style(_lerp(DARK, WEIGHT_HIGH, w))
-
-
 def _depth_columns(rows: list[tuple[str, ...]]) -> list[str]:
     """Every source any read names: emb, b1 .. bN (the most completed blocks of any read), partial."""
     blocks = max(sum(n.startswith("b") for n in names) for names in rows)
     return ["emb"] + [f"b{i}" for i in range(1, blocks + 1)] + ["partial"]
 
 
-def depth_map(frame: Frame, lo: int = 0, rows: int | None = None, marks: dict[str, str] | None = None) -> Text:
+def depth_map(frame: Frame, lo: int = 0, rows: int | None = None,
+              marks: dict[str, str] | None = None) -> ByColour | Text:
     """AttnRes depth weights of one token, reads lo..lo+rows (all by default), one column per named source.
 
     Columns: emb (the embedding), b1, b2, ... (completed block sums), partial (the open block's running
     sum, if the read has one); a read that does not see a source shows "·" there. Each row's weights sum
-    to 1; a cell's shade (░▒▓█, and its green) is its weight on a 0..1 scale. Names: frame.depth_sources.
+    to 1. A cell is a solid block in weight_colour(w) (weight_key is its key), or without colour one of ░▒▓█,
+    its weight on a 0..1 scale. Names: frame.depth_sources.
     marks: row label ("L0 attn") -> a note appended to that row (the recall moment's top sublayers).
     """
     if len(frame.depth_sources) != len(frame.depth):
@@ -335,24 +399,29 @@ def depth_map(frame: Frame, lo: int = 0, rows: int | None = None, marks: dict[st
     columns = _depth_columns([names for _, names in reads])
     label_w = len(f"L{max(d.layer for d, _ in reads if d.site != 'out')} attn")
     cell = max(len(c) for c in columns[:-1])      # "emb", "b1".. right-aligned in 3 cells over 2 shade cells
-    out = Text(no_wrap=True, overflow="crop")
-    out.append(" " * label_w + "".join(c.rjust(cell) for c in columns[:-1]) + " " + columns[-1] + "\n",
-               style="bold")
-    for d, names in reads[lo:None if rows is None else lo + rows]:
-        label = "out" if d.site == "out" else f"L{d.layer} {d.site}"
-        out.append(label.rjust(label_w))
-        by_name = dict(zip(names, d.weights.tolist()))
-        for c in columns:
-            w = by_name.get(c)
-            if w is None:
-                out.append("·".rjust(cell), style="dim")
-            else:
-                out.append(" " + _shade(w) * (cell - 1), style=weight_style(w))
-        if marks and label in marks:
-            out.append(f" ◀ {marks[label]}", style="bold magenta")
-        out.append("\n")
-    out.rstrip()
-    return out
+
+    def draw(glyph: Callable[[float], str]) -> Text:
+        out = Text(no_wrap=True, overflow="crop")
+        out.append(" " * label_w + "".join(c.rjust(cell) for c in columns[:-1]) + " " + columns[-1] + "\n",
+                   style="bold")
+        for d, names in reads[lo:None if rows is None else lo + rows]:
+            label = "out" if d.site == "out" else f"L{d.layer} {d.site}"
+            out.append(label.rjust(label_w))
+            by_name = dict(zip(names, d.weights.tolist()))
+            for c in columns:
+                w = by_name.get(c)
+                if w is None:
+                    out.append("·".rjust(cell), style="dim")
+                else:
+                    out.append(" ")
+                    out.append(glyph(w) * (cell - 1), style=weight_style(w))
+            if marks and label in marks:
+                out.append(f" ◀ {marks[label]}", style="bold magenta")
+            out.append("\n")
+        out.rstrip()
+        return out
+
+    return ByColour(lambda: draw(lambda w: "█"), lambda: draw(shade))
 
 
 def crossover_line(config: K3Config, tokens: int) -> Text:

@@ -4,20 +4,93 @@ speed-up grid, and the sentences the README, docs and lessons quote.
 Every number here comes from sim.costs (bytes, FLOPs, GPUs, prices) and sim.serving (the one speed-up table,
 `speedups()`); this module only words and lays them out, so a sentence can never disagree with the table it quotes
 (tests/test_serving.py checks the README and docs/k3_facts.md §5c against these functions).
+
+"Up to 6.3x" has one story, told here and nowhere else (`claim_readings()`, `claim_story()`): Moonshot's wording
+names no baseline (S14); MarkTechPost's summary reads it as K3 against K2 (S39); the number matches Kimi Linear's
+measured time per output token against a full-MLA baseline at 1M (S16, S34); this project's roofline gives K3
+against its all-MLA twin and against K2. The README, docs/k3_facts.md §0, lessons 3 and 5 and `python -m sim costs`
+print or quote it from here (tests/test_speedup_story.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
 
 from tiny_k3 import K3Config, parameter_counts
 
-from .costs import (GPU_MEMORY, SCHEMES, api_price, ep_traffic_for, gpus_needed, k2_parameters, packed_bytes,
-                    total_parameters, weight_bytes)
+from .costs import (GPU_MEMORY, KIMI_LINEAR_TPOT_MS, SCHEMES, api_price, ep_traffic_for, gpus_needed,
+                    k2_parameters, packed_bytes, total_parameters, weight_bytes)
 from .memory import MIB_CONTEXT, format_bytes, project_to_k3
 from .serving import (COLUMNS, CONTEXTS, DEPLOYMENTS, ETA, FULL, OVERHEAD, ROWS, Column, Served, ServingTable,
                       context_name, crossover, headline, models, per_sequence_bytes, serve, speedups)
+
+# ---------------------------------------------------------------------------- "up to 6.3x": the one story
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of Moonshot's "up to 6.3x": who gives it, the figure, its kind, what it says, its sources."""
+
+    who: str
+    value: float
+    kind: str           # claim, reading (of the claim), measurement, roofline (this project's table)
+    says: str
+    sources: str
+
+
+def _best(row: str):
+    """The row's cell with the largest speed-up (the table's `closest` figure), and where it is, in words."""
+    t = speedups()
+    cell = max((c for c in t.cells if c.row == row and c.speedup is not None), key=lambda c: c.speedup)
+    assert cell.speedup == t.closest[row].value
+    col = cell.column
+    where = (f"{context_name(cell.context)}, the largest batch {col.deployment} holds" if col.batch is None else
+             f"{context_name(cell.context)}, batch {col.batch} on {col.deployment}")
+    return cell, where
+
+
+def claim_readings() -> tuple[Reading, ...]:
+    """Every reading of "up to 6.3x", in the order a learner should meet them; the figures are sim.serving's."""
+    t = speedups()
+    (twin, twin_where), (k2, k2_where) = _best("K3 against twin"), _best("K3 against K2")
+    twin_one, k2_one = (t.speedup(row, "1M", "batch 1") for row in ROWS)
+    return (
+        Reading("Moonshot's wording", t.claim.value, "claim",
+                f'"up to {t.claim.value:g}x faster decoding in million-token contexts", for Delta Attention: no '
+                "baseline named", "S14"),
+        Reading("MarkTechPost's summary", t.claim.value, "reading", 'reads it as faster "than predecessor K2"',
+                "S39"),
+        Reading("Kimi Linear's measurement", t.kimi_linear.value, "measurement",
+                f"time per output token at 1M against a full-MLA baseline, {KIMI_LINEAR_TPOT_MS['full-MLA']} -> "
+                f"{KIMI_LINEAR_TPOT_MS['Kimi Linear']} ms", "S16, S34"),
+        Reading("this project: K3 against its all-MLA twin", twin.speedup, "roofline",
+                f"at most {twin.speedup:.2f}x ({twin_where}: {twin.k3.batch:,} sequences against "
+                f"{twin.other.batch:,}); {twin_one:.2f}x at 1M, batch 1", "sim.serving.speedups"),
+        Reading("this project: K3 against K2", k2.speedup, "roofline",
+                f"at most {k2.speedup:.2f}x ({k2_where}: {k2.k3.batch:,} sequences against {k2.other.batch:,}); "
+                f"{k2_one:.2f}x at 1M, batch 1", "sim.serving.speedups"),
+    )
+
+
+def claim_story() -> str:
+    """The "up to 6.3x" story in two sentences, every figure from `claim_readings()`: what the README, k3_facts.md
+    §0, lessons 3 and 5 and the §0 correction say, word for word."""
+    said, read, measured, twin, k2 = claim_readings()
+    t = speedups()
+    _, twin_where = _best("K3 against twin")
+    _, k2_where = _best("K3 against K2")
+    where = f"both at {twin_where}" if twin_where == k2_where else f"at {twin_where} and {k2_where}"
+    return (f"Moonshot's \"up to {said.value:g}x faster decoding in million-token contexts\" names no baseline "
+            f"({said.sources}); MarkTechPost's summary reads it as faster \"than predecessor K2\" ({read.sources}); the "
+            f"number matches Kimi Linear's measured time per output token against a full-MLA baseline at 1M, "
+            f"{KIMI_LINEAR_TPOT_MS['full-MLA']} -> {KIMI_LINEAR_TPOT_MS['Kimi Linear']} ms = {measured.value:.2f}x "
+            f"({measured.sources}). This project's roofline (sim.serving) gives K3 at most {twin.value:.2f}x its "
+            f"all-MLA twin and {k2.value:.2f}x K2 ({where}), and at 1M and batch 1 "
+            f"{t.speedup('K3 against twin', '1M', 'batch 1'):.2f}x its twin and "
+            f"{t.speedup('K3 against K2', '1M', 'batch 1'):.2f}x K2.")
+
 
 # ---------------------------------------------------------------------------- corrections (§0)
 
@@ -33,11 +106,9 @@ def _speedup_correction() -> dict:
     t = speedups()
     big = f"largest fit, {FULL}"
     return {
-        "claim": '6.3x faster decoding at 1M, read as K3 against K2 (no source says K2)',
-        "verdict": "6.3x is Kimi Linear vs a full-MLA baseline at 1M (TPOT 11.48 -> 1.84 ms), not K3 against K2. On the "
-                   f"roofline (sim.serving) K3 is slower than K2 at batch 1 and at most {t.closest['K3 against K2'].value:.2f}x "
-                   f"K2's tokens/s per GPU (1M, the largest batch {FULL} holds); over its all-MLA twin at most "
-                   f"{t.closest['K3 against twin'].value:.2f}x, under the same-weights bound {t.bound.value:.2f}x.",
+        "claim": '6.3x faster decoding at 1M, read as K3 against K2',
+        "verdict": claim_story() + f" Against the twin it stays under the same-weights bound, {t.bound.value:.2f}x "
+                                   f"({t.bound.where.split(':')[0]}).",
         "figures": {
             "Kimi Linear reported speedup": t.kimi_linear.value,
             "Kimi Linear roofline vs its all-MLA twin, B=1, 1M": t.kimi_linear_model.value,
@@ -49,7 +120,7 @@ def _speedup_correction() -> dict:
             "K3 against K2, B=1, 1M (K3 slower)": t.speedup("K3 against K2", "1M", "batch 1"),
             f"K3 against K2, {big}, 1M": t.speedup("K3 against K2", "1M", big),
         },
-        "sources": ["S14", "S16", "S34"],
+        "sources": ["S14", "S39", "S16", "S34"],
     }
 
 

@@ -44,6 +44,7 @@ from . import runfile
 from .frame import Choice, Frame, SublayerView, depth_source_names
 from .memory import non_negative_int
 from .prompt import prompt_ids
+from .twin_tails import TwinTails
 from .kdastates import KDA_CHAIN, KDALinks, LeanKDAState
 from .prefill import memory_record, run_segment, segment_snapshots, segments
 from .recorder import FrameRecorder, StepRecord, Tee
@@ -132,6 +133,7 @@ class Simulation:
         self._cache = ModelCache(self.config.num_layers)
         self._twin_cache = ModelCache(self.config.num_layers)
         self._snapshots: dict[int, dict[int, KDAState]] = {}   # tokens seen -> {KDA layer: state after them}
+        self._twin_tails, self._own_tails = TwinTails(self.twin_model), TwinTails(self.model)   # short-conv tails
         self._bias_cache: dict = {}
         self._kda_links = KDALinks()                 # frames' KDA states are recomputed from the step before
         self._off_timeline_links = KDALinks()        # ... and a what-if's from its own step before
@@ -354,6 +356,7 @@ class Simulation:
             seg = run_segment(self.model, self.twin_model, ids[start:end], self._cache, self._twin_cache,
                               FrameRecorder(self._bias_cache, self._kda_links, keyframe))
             self._cache, self._twin_cache = seg.cache, seg.twin_cache
+            self._twin_tails.keep(self._twin_cache), self._own_tails.keep(self._cache)
             for p, rec in enumerate(seg.records, start):
                 twin_cache = None if self.twin_model is None else self._twin_cache
                 memory = memory_record(self._cache, twin_cache, self.twin_config, p + 1, self._ints)
@@ -379,6 +382,7 @@ class Simulation:
         self._frames.append(frame)
         self._logits.append(logits)
         self._save_snapshot()
+        self._twin_tails.keep(self._twin_cache), self._own_tails.keep(self._cache)
         return frame
 
     @torch.no_grad()
@@ -454,13 +458,17 @@ class Simulation:
         """Set both caches to their state after `tokens` tokens of the timeline (a prefix of the live ones)."""
         self._cache, self._twin_cache = self.caches_at(tokens)
         self._snapshots = {p: s for p, s in self._snapshots.items() if p <= tokens}
+        self._twin_tails.forget_after(tokens), self._own_tails.forget_after(tokens)
 
     @torch.no_grad()
     def caches_at(self, tokens: int) -> tuple[ModelCache, ModelCache]:
         """New (hybrid, twin) caches as they were after `tokens` tokens of the timeline; the live ones stay."""
         if not isinstance(tokens, int) or not 0 <= tokens <= len(self._frames):
-            raise ValueError(f"caches_at: tokens must be a whole number from 0 to {len(self._frames)} (the "
-                             f"timeline's frames), got {tokens!r}.")
+            raise ValueError(f"caches_at: tokens must be a whole number from 0 to {len(self._frames)} (the timeline's frames), got {tokens!r}.")
+        ids = [f.input_id for f in self._frames[:tokens]]      # the twin: its cut KV cache and kept tails (twin_tails)
+        twin = self._twin_tails.cache_at(self._twin_cache, tokens, ids)
+        if self._own_tails.active:                     # this model is a twin itself (--preset small-twin)
+            return self._own_tails.cache_at(self._cache, tokens, ids), twin
         base = max((p for p in self._snapshots if p <= tokens), default=0)
         cache = ModelCache(self.config.num_layers)
         for i, c in enumerate(self._cache.layers):
@@ -470,10 +478,6 @@ class Simulation:
         cache.position = base
         for f in self._frames[base:tokens]:            # replay the recorded tokens: same inputs, same state
             _, cache = self.model(torch.tensor([[f.input_id]], device=self.device), cache)
-        # The all-MLA twin's whole decode state is a KV cache: cutting it is its restore.
-        twin = ModelCache(self.config.num_layers)
-        twin.layers = [None if c is None else c.truncate(tokens) for c in self._twin_cache.layers]
-        twin.position = tokens
         return cache, twin
 
     def _branch(self, choice: Choice) -> None:

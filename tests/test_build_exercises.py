@@ -97,6 +97,22 @@ def test_delta_step_mistakes_are_named():
     fails_with(c, lambda S, *a: (S[..., 0], S), "o has shape")
 
 
+def test_a_delta_step_with_the_wrong_sign_is_named_with_how_far_off_it_is():
+    """The likeliest slip, β k (S'ᵀk − v)ᵀ: named, with the largest difference and how much further from v it
+    leaves each head's recall than the right step."""
+    message = fails_with(check_delta_step, lambda S, q, k, v, g, beta, scale: _step(S, q, k, v, g, -beta, scale),
+                         "wrong sign", "AWAY from v", "largest difference", "misses v by")
+    number = r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)"
+    off, wrong, right = (float(x) for x in re.findall(
+        rf"largest difference {number}, and S_newᵀk misses v by {number} where the right state misses it by {number}",
+        message)[0])
+    assert off > 0 and wrong > right, message
+    # the chunked form and the head name it too (there it is the same as a negative β)
+    fails_with(check_delta_chunked, lambda q, k, v, g, b, s, C, S0=None: solutions.delta_chunked(q, k, v, g, -b, s, C, S0),
+               "wrong sign", "largest difference")
+    fails_with(check_kda_head, lambda *a: _head(*a, sign=-1.0), "wrong sign", "check_delta_step")
+
+
 def test_a_near_miss_says_how_far_off_it_is():
     def slightly_off(*a):
         o, S = solutions.delta_step(*a)
@@ -162,7 +178,7 @@ def test_delta_chunked_is_compared_with_the_learners_own_step(capsys):
 # ---------------------------------------------------------------------------- B.3 a KDA head
 
 def _head(q, k, v, g_raw, beta_logit, A_log, dt_bias, lb, S0=None, *, norm="layer", gate="right", sig=True,
-          use_S0=True):
+          use_S0=True, sign=1.0):
     if norm == "layer":
         q, k = (x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
     elif norm == "F":
@@ -172,7 +188,7 @@ def _head(q, k, v, g_raw, beta_logit, A_log, dt_bias, lb, S0=None, *, norm="laye
         g = -a * F.softplus(x) if lb is None else lb * torch.sigmoid(a * x)
     else:
         g = -a * F.softplus(x)
-    beta = torch.sigmoid(beta_logit) if sig else beta_logit
+    beta = sign * (torch.sigmoid(beta_logit) if sig else beta_logit)
     K = q.shape[-1]
     S = torch.zeros(K, v.shape[-1], dtype=q.dtype) if S0 is None or not use_S0 else S0
     outs = []
@@ -258,6 +274,71 @@ def workshop_prompt() -> str:
     return DEFAULT_PROMPT
 
 
+def test_the_b2_hint_code_runs_as_it_stands(capsys):
+    """B.2's last rung is the whole function: pasted as it is, it passes the check (against tiny_k3 and the
+    reference step)."""
+    code = checks.find_exercise("B.2").hints[-1]
+    namespace: dict = {}
+    exec(compile(code, "hint('B.2', 3)", "exec"), namespace)
+    against(check_delta_chunked, step=solutions.delta_step)(namespace["my_delta_chunked"])
+    assert "✓ check_delta_chunked passed" in capsys.readouterr().out
+
+
+def test_b2_runs_inside_the_model(small64, capsys):
+    """The learner's chunked form as every KDA head's prefill: the solution gives the model's own logits, a wrong
+    chunked form does not, a stub says "not yet"."""
+    from checks.build import CHUNK
+    from tiny_k3.tokenizer import encode
+
+    assert len(encode(workshop_prompt())) > 2 * CHUNK, "several chunks, so the state is handed on inside the model"
+    result = run_your_layer(small64, workshop_prompt(), delta_chunked=solutions.delta_chunked)
+    out = capsys.readouterr().out
+    assert result is not None and result.max_abs_diff <= TOLERANCE and "delta_chunked as delta_chunked" in out
+    assert f"≤ {TOLERANCE:g}: the same function" in out
+
+    def restart_each_chunk(q, k, v, g, beta, scale, C, S0=None):
+        outs = [solutions.delta_chunked(q[s:s + C], k[s:s + C], v[s:s + C], g[s:s + C], beta[s:s + C], scale, C, S0)
+                for s in range(0, q.shape[0], C)]
+        return torch.cat([o for o, _ in outs]), outs[-1][1]
+
+    result = run_your_layer(small64, workshop_prompt(), delta_chunked=restart_each_chunk)
+    assert result.max_abs_diff > 1e3 * TOLERANCE and "NOT the same function" in capsys.readouterr().out
+
+    def stub(*a):
+        raise NotImplementedError
+
+    assert run_your_layer(small64, workshop_prompt(), delta_chunked=stub) is None
+    assert "not yet: write the exercise above first" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["keeps the old cache", "keeps only the new token", "drops the oldest token"])
+def test_b4_a_cache_that_does_not_grow_fails_inside_the_model_and_says_why(small64, kind, capsys):
+    """tiny_k3.swap rebuilds a cache of the wrong length from the model's latents before the next token, so a
+    function that never appends would give the model's own logits: the model cell must refuse it, and say why."""
+    def attend(cache, q, k, v, scale):
+        o, grown = solutions.attend_with_cache(cache, q, k, v, scale)        # attends over all tokens, as it should
+        if kind == "keeps the old cache":
+            return o, cache
+        if kind == "keeps only the new token":
+            return o, (k[None], v[None])
+        return o, (grown[0][1:], grown[1][1:]) if grown[0].shape[0] > 2 else grown
+
+    fails_with(check_attend_with_cache, attend)                            # the check itself fails it already
+    assert run_your_layer(small64, workshop_prompt(), attention=attend) is None
+    out = capsys.readouterr().out
+    assert "✗" in out and "Your KV cache does not grow" in out and "the same function" not in out, out
+    assert "rebuild a cache of the wrong length from its own latents" in out
+
+
+def test_b4_a_cache_that_grows_but_rewrites_the_past_fails_inside_the_model(small64, capsys):
+    def attend(cache, q, k, v, scale):
+        o, (keys, values) = solutions.attend_with_cache(cache, q, k, v, scale)
+        return o, (torch.cat([keys[:-1] * (1 + 1e-6), keys[-1:]]), values)     # the new row right, the past not
+
+    assert run_your_layer(small64, workshop_prompt(), attention=attend) is None
+    assert "changed the tokens before it" in capsys.readouterr().out
+
+
 def test_the_model_on_a_wrong_or_unwritten_function_says_so(small64, capsys):
     result = run_your_layer(small64, workshop_prompt(), attention=lambda *a: _attend(*a, use_scale=lambda q: 1.0))
     assert result.max_abs_diff > 1e3 * TOLERANCE and "NOT the same function" in capsys.readouterr().out
@@ -310,6 +391,8 @@ def test_the_build_section_runs_for_learners_and_instructors(name, capsys):
     assert instructor.count(" passed: ") == SECTIONS[name] and "✗" not in instructor
     assert "not done yet" not in instructor and "the same function" in instructor
     assert "NOT the same" not in instructor
+    # every build exercise runs inside the model: lesson 2's cell runs B.3's head and B.2's chunked form
+    assert instructor.count(": the same function") == {"02_delta_rule.py": 2}.get(name, 1), instructor
     print(f"{name}: build section in instructor mode {seconds:.2f} s")     # (measured, not asserted)
 
 

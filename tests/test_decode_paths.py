@@ -173,7 +173,7 @@ def test_forward_without_autograd_runs_in_inference_mode_with_the_same_bits(pres
         slow, cache_slow = _decode(model, tokens)
     assert not cache_slow.layers[0].state.is_inference()
     assert torch.equal(fast, slow)
-    assert all(torch.equal(a, b) for c, d in zip(cache.layers, cache_slow.layers)
+    assert all(a is b is None or torch.equal(a, b) for c, d in zip(cache.layers, cache_slow.layers)
                for a, b in zip(vars(c).values(), vars(d).values()))
 
 
@@ -195,7 +195,7 @@ def test_a_cache_made_without_autograd_continues_with_it():
     _, normal = model(tokens[:, :3])                    # the same prefix with autograd, detached: the same gradient
     for c in normal.layers:
         for name, t in vars(c).items():
-            setattr(c, name, t.detach())
+            setattr(c, name, None if t is None else t.detach())
     model(tokens[:, 3:], normal)[0].square().sum().backward()
     torch.testing.assert_close(model.lm_head.weight.grad, grad, atol=1e-6, rtol=1e-5)
 

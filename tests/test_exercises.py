@@ -286,6 +286,12 @@ def kda_step_decay_on_columns(S, q, k, v, g, beta, scale):
     return S.T @ (scale * q), S
 
 
+def kda_step_wrong_sign(S, q, k, v, g, beta, scale):
+    S = g.exp()[:, None] * S
+    S = S + beta * torch.outer(k, S.T @ k - v)      # the correction backwards: away from v
+    return S.T @ (scale * q), S
+
+
 def kda_step_log_not_exp(S, q, k, v, g, beta, scale):
     S = g[:, None] * S
     S = S + beta * torch.outer(k, v - S.T @ k)
@@ -300,6 +306,13 @@ def test_kda_step_mistakes_are_named():
     fails_with(checks.check_kda_step, kda_step_no_scale, "misses the scale")
     fails_with(checks.check_kda_step, kda_step_decay_on_columns, "raised RuntimeError", "one per *row*")
     fails_with(checks.check_kda_step, kda_step_log_not_exp, "*log* decay")
+    message = fails_with(checks.check_kda_step, kda_step_wrong_sign, "wrong sign", "AWAY from v", "largest difference",
+                         "misses v by")
+    number = r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)"
+    off, wrong, right = (float(x) for x in __import__("re").findall(
+        rf"largest difference {number}, and S_newᵀk misses v by {number} where the right state misses it by {number}",
+        message)[0])
+    assert off > 0 and wrong > right, message        # how far off, and the wrong sign leaves v further away
     fails_with(checks.check_kda_step, lambda S, q, k, v, g, beta, scale: (v, S[:, :1]), "S_new has shape")
 
 
@@ -667,3 +680,23 @@ def test_exercise_decorator_swaps_in_the_solution_only_in_instructor_mode():
         assert mine(1, 32) == 17 and mine.is_reference_solution
     finally:
         workshop.use_solutions(False)
+
+
+def test_every_exercise_heading_shows_its_difficulty_and_minutes():
+    """A lesson's "### Exercise N.M — title (★★☆, about 8 min)" heading carries the registry's stars and minutes,
+    for every registered exercise (the build thread's B.n included), so a learner sees both before starting."""
+    import re
+
+    import checks.build  # noqa: F401  (registers B.1 … B.5)
+
+    headings = {}
+    for path in sorted(LESSONS.glob("0[0-9]_*.py")):
+        for number, rest in re.findall(r"^# ### Exercise (\w+\.\d+) — (.*)$", path.read_text(encoding="utf-8"), re.M):
+            headings[number] = (path.name, rest)
+    missing = sorted(set(checks.EXERCISES) - set(headings))
+    assert not missing, f"exercises without a heading in any lesson: {missing}"
+    for number, ex in checks.EXERCISES.items():
+        name, rest = headings[number]
+        assert rest.endswith(f"({ex.stars}, about {ex.minutes} min)"), (
+            f"{name}: the heading of exercise {number} should end with ({ex.stars}, about {ex.minutes} min), "
+            f"as its check registers; it reads {rest!r}")

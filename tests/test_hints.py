@@ -165,3 +165,22 @@ def test_code_like_lines_names_each_kind(line, what):
 ])
 def test_prose_and_maths_are_not_code(prose):
     assert code_like_lines(prose) == []
+
+
+def test_wilson_rung_2_is_a_middle_step_not_the_formula():
+    """8.3's rung 2 gives the route (the inequality whose roots are the interval), not the closed form rung 3 shows;
+    and the route is right: the quadratic it states has the Wilson interval as its roots."""
+    import math
+
+    from tiny_k3.recall import wilson_interval
+
+    idea, route, code = checks.find_exercise("8.3").hints
+    for closed_form in ("z²/(2n)", "z²/(4n²)", "centre =", "half-width =", "/ (1 + z²/n)"):
+        assert closed_form not in route, f"8.3's rung 2 gives the closed form ({closed_form!r}): that is rung 3"
+    assert "quadratic" in route and "(1 + z²/n) π² − (2p + z²/n) π + p² ≤ 0" in route
+    for hits, n in [(0, 10), (3, 40), (48, 96), (10, 10)]:
+        z, p = 1.96, hits / n
+        a, b, c = 1 + z * z / n, -(2 * p + z * z / n), p * p               # the quadratic of rung 2
+        disc = math.sqrt(b * b - 4 * a * c)
+        roots = (max(0.0, (-b - disc) / (2 * a)), min(1.0, (-b + disc) / (2 * a)))
+        assert roots == pytest.approx(wilson_interval(hits, n), abs=1e-12), (hits, n)

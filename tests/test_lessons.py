@@ -280,10 +280,16 @@ def test_lesson2_facts(executed):
     assert f["conv_steps_vs_once"] < 1e-5 and f["conv_tail_is_last_inputs"] is True, f
     # section 6, the recall moment: the lesson's replay of the decode trace is recall_moment's full pass
     assert f["replay_matches_moment"] is True, f
-    # the head the lesson shows is the one the simulator names (issue 25: it reads the value back); on the
-    # shipped small at the default prompt that is layer 0, head 1 (the independent replay's finding)
-    assert f["reading_head"] == f["best_head"] == [0, 1], f
+    # the head the lesson shows is the best-ranked one; the simulator names it (it reads the value back) only when
+    # the value's write explains at least MIN_SHARE of its read (issue 34's hybrid: no head at the default prompt)
+    from sim.recall_moment import MIN_SHARE
+    assert f["reading_head"] in (None, f["best_head"]), f
+    assert (f["reading_head"] is not None) == (f["best_share"] >= MIN_SHARE), f
     assert f["best_written_at"] in f["defined_at"] and -1 <= f["best_cosine"] <= 1, f
+    # "best-ranked head ..., ranked by the share of its read that the write of the value token explains": it has
+    # the largest share of all heads; the panel beside it shows best cosines, whose longest bar is at least its own
+    assert f["ranked_first"] is True, f
+    assert f["panel_top_cosine"] >= f["best_cosine"] - 1e-6, f
     assert f["recall_right"] == (f["recall_predicted"] == f["recall_value"]), f
     # "no token outside the definition matches it as well" / "... outside the definition matches it better"
     assert f["peak_in_definition"] == (f["cosine_peak_at"] in f["defined_at"]), f
@@ -295,13 +301,35 @@ def test_lesson2_facts(executed):
     assert f["half_life_min"] < 2 and f["half_life_short_share"] > 0 and f["half_life_long_share"] > 0, f
 
 
-def _recall_kind(r: list[float], chance: float = 0.1) -> str:
+def _apart(a: tuple[int, int], b: tuple[int, int]) -> int:
+    """+1 / -1 when a's Wilson interval (hits, n) lies wholly above / below b's, else 0 (restated, not imported)."""
+    from tiny_k3.recall import wilson_interval
+    (alo, ahi), (blo, bhi) = wilson_interval(*a), wilson_interval(*b)
+    return 1 if alo > bhi else -1 if ahi < blo else 0
+
+
+def _recall_kind(r: list[float], answers: list[int], chance: float = 0.1) -> str:
     """Lesson 3's reading of a recall curve (its `reading`), restated: the printed sentence rests on it."""
     if max(r) < 2.5 * chance:
         return "at chance"
     if r[-1] >= 0.8:
         return "keeps"
-    return "falls" if r[0] - r[-1] >= 0.2 else "level"
+    first, last = (round(r[0] * answers[0]), answers[0]), (round(r[-1] * answers[-1]), answers[-1])
+    return "falls" if r[0] - r[-1] >= 0.2 and _apart(first, last) > 0 else "level"
+
+
+def _curves_stop_where_the_batch_stops_fitting(curve_end: dict, table) -> None:
+    """A speed-up curve at batch B runs to the longest context at which both models hold B sequences on the full
+    deployment (serve(...).fits), no further; at 1M it ends early exactly where the table says n/a."""
+    from sim.serving import FULL, serve
+
+    for batch, end in curve_end.items():
+        batch = int(batch)
+        assert serve("twin", FULL, batch, end).fits and serve("K3", FULL, batch, end).fits, (batch, end)
+        if end < 1 << 20:
+            assert not (serve("twin", FULL, batch, end + 1).fits and serve("K3", FULL, batch, end + 1).fits), (batch, end)
+        if batch in (1, 64):
+            assert (end < 1 << 20) == (table.speedup("K3 against twin", "1M", f"batch {batch}") is None), (batch, end)
 
 
 def test_lesson3_facts(executed):
@@ -320,6 +348,11 @@ def test_lesson3_facts(executed):
     # "why no bytes model reaches 6.24x": every model number and Kimi Linear's own ceiling below it
     assert f["kimi_linear_ceiling"] < s["Kimi Linear TPOT"]
     assert max(s["nearest to 6.3x"], s["bound at 1M"], s["bound L / L_MLA"]) < s["Kimi Linear TPOT"]
+    # the 6.3x story is the one sim.serving_text tells; each curve stops where a model stops holding its batch
+    from sim.serving_text import claim_story
+
+    assert f["claim_story"] == claim_story()
+    _curves_stop_where_the_batch_stops_fitting(f["curve_end"], t)
     # one crossover in speed (the real twin), the bound's labelled beside it, and the memory crossover before both
     assert f["speed_crossover_b1"] == crossover(1) > f["speed_crossover_same_weights"] > f["cross_formula"], f
     # section 6, the retrieval cliff: "exactly up to N = K", "attention reads back exactly at every N",
@@ -337,7 +370,7 @@ def test_lesson3_facts(executed):
         assert all(lo <= a <= hi and hi - lo < 0.5 for a, (lo, hi) in zip(r, f["recall_interval"][name])), name
     for name, r in recall.items():
         assert len(r) == len(held[name]) == len(pairs) and all(0.0 <= a <= 1.0 for a in r), (name, r)
-        assert f["recall_story"][name] == _recall_kind(r), (name, r, f["recall_story"])
+        assert f["recall_story"][name] == _recall_kind(r, f["recall_answers"]), (name, r, f["recall_story"])
         kda, mla = layers[name]
         # "bytes ... unchanged (a fixed state)" for all-KDA; every model with MLA layers grows with the line
         assert (f["bytes_growth"][name] == 0) == (mla == 0), (name, held[name])
@@ -345,22 +378,23 @@ def test_lesson3_facts(executed):
     # more MLA layers, faster growth: the twin's cache grows faster than the hybrid's
     if "small-twin" in recall:
         assert f["bytes_growth"]["small-twin"] > f["bytes_growth"]["small"] > 0, f["bytes_growth"]
-    top = max(r[-1] for r in recall.values())
-    assert f["best_at_most_pairs"] == [n for n, r in recall.items() if r[-1] == top], f
+
+    def at(name, i):
+        n = f["recall_answers"][i]
+        return round(recall[name][i] * n), n
+    # "no model is ahead of ...": only intervals that are apart rank two models
+    assert f["best_at_most_pairs"] == [n for n in recall if not any(_apart(at(m, -1), at(n, -1)) > 0 for m in recall)]
     if "small-kda" in recall:
-        ahead = [p for p, h, k in zip(pairs, recall["small"], recall["small-kda"]) if h > k]
+        ahead = [p for i, p in enumerate(pairs) if _apart(at("small", i), at("small-kda", i)) > 0]
         assert f["hybrid_ahead_of_kda_at"] == ahead, f
     if {"small-twin", "small-kda"} <= set(recall):     # "the twin's cache is smaller ... up to N pairs"
         smaller = [p for p, t, k in zip(pairs, held["small-twin"], held["small-kda"]) if t < k]
         assert f["twin_smaller_up_to"] == (max(smaller) if smaller else None), f
     story = f["recall_story"]
-    gap = recall["small-twin"][-1] - recall["small-kda"][-1] if {"small-twin", "small-kda"} <= set(recall) else 0.0
-    textbook = story.get("small-kda") == "falls" and story.get("small-twin") != "at chance" and gap >= 0.2
+    order = _apart(at("small-twin", -1), at("small-kda", -1)) if {"small-twin", "small-kda"} <= set(recall) else 0
+    textbook = story.get("small-kda") == "falls" and story.get("small-twin") != "at chance" and order > 0
     assert ("the honest trade-off behind K3 keeping 24 MLA layers" in f["verdict"]) == textbook, f["verdict"]
-    if not textbook and {"small-twin", "small-kda"} <= set(recall) and gap <= -0.2:
-        assert f["verdict"].startswith("the opposite of the textbook story"), f["verdict"]
-    elif not textbook and story.get("small-twin") == "at chance" and story.get("small-kda") == "falls":
-        assert "not measured here" in f["verdict"], f["verdict"]
+    assert f["verdict"].startswith("the opposite of the textbook story") == (not textbook and order < 0), f["verdict"]
 
 
 def test_lesson4_facts(executed):
@@ -375,6 +409,14 @@ def test_lesson4_facts(executed):
     # section 3 on the trained model: "the read stays under its largest source"; "the plain sum grows"
     assert f["below_bound"] is True and f["sources_rebuilt_err"] < 1e-4, f
     assert f["plain_sum_last"] > f["read_norm_max"], f
+    # section 5: "N sources before the head: the embedding, the completed block sums and the partial sum"; the prefill
+    # keeps the embedding and the completed block sums, N − 1 of them, for the whole pass
+    from tiny_k3 import K3Config
+
+    k3 = K3Config.preset("k3")
+    S, L = k3.attnres_block_size, k3.num_sublayers
+    assert f["attnres_sources"] == 1 + L // S + (L % S > 0) and f["attnres_stored"] == 1 + L // S, f
+    assert f["attnres_prefill_bytes"] == f["attnres_stored"] * 128 * 1024 * k3.hidden_size * k3.dtype_bytes, f
 
 
 def test_lesson5_facts(executed):
@@ -402,6 +444,12 @@ def test_lesson5_facts(executed):
     assert bounds[0] == "memory" and bounds == sorted(bounds, key=lambda b: b == "compute"), f["roofline_bounds"]
     # "the weights read grow with the experts the batch touches"
     assert f["weights_read"]["64"] > 5 * f["weights_read"]["1"], f["weights_read"]
+    # the roofline panel's curves stop where a model stops holding the batch; the 6.3x story is sim.serving_text's
+    from sim.serving import speedups
+    from sim.serving_text import claim_story
+
+    _curves_stop_where_the_batch_stops_fitting(f["curve_end"], speedups())
+    assert f["claim_story"] == claim_story()
 
 
 MEASURED_CELL = "# measured on this machine: not sim.serving's figures"
@@ -437,6 +485,14 @@ def test_lesson6_facts(executed):
     assert len(f["mla_write_rms"]) == 2 and all(v >= 0 for v in f["mla_write_rms"])
     # "what K3 changed in kind": the named switches, a short list, not every part
     assert 0 < len(f["design_switches"]) < len(f["parts_changed"]), f
+    # "the real thing": the index's tensors, shards and bytes, and what --download 0-3 fetches, are computed from
+    # the committed table of the real index by the download's own code
+    from tiny_k3.released import load_k3_table
+
+    index = load_k3_table()
+    assert (f["release_tensors"], f["release_shards"], f["release_bytes"]) == (
+        index["num_tensors"], index["num_shards"], index["total_size"]), f
+    assert f["download_0_3_shards"] == 5 and 0 < f["download_0_3_bytes"] < f["release_bytes"] / 10, f
 
 
 def test_lesson7_facts(executed):
@@ -447,21 +503,28 @@ def test_lesson7_facts(executed):
     assert all(0.0 <= v <= 1.0 for v in p.values()) and f["reset_kl"] >= 0 and f["window_kl"] >= 0, p
     # the printed reading of the two KLs
     assert f["memory_in_kda"] == (f["reset_kl"] > 10 * f["window_kl"]), f
-    # "at many pairs the MLA layers carry recall" only where blinding them costs >= 20 points at 26 pairs
-    # and <= 5 at 2; the drop is intact minus MLA blind
+    # "at many pairs the MLA layers carry recall" only where blinding them costs >= 20 points at 52 pairs, the
+    # intervals apart (208 answers each), and <= 5 at 2; the drop is intact minus MLA blind
     many, drop = f["many_pairs"], f["mla_blind_drop"]
-    for n in ("2", "26"):
+    for n in ("2", "52"):
         assert abs(drop[n] - (many["intact"][n] - many["MLA blind"][n])) < 1e-12, (n, drop, many)
         assert all(0.0 <= many[cut][n] <= 1.0 for cut in many), many
-    assert f["mla_carries_many_pairs"] == (drop["26"] >= 0.2 and drop["2"] <= 0.05), f
+    apart = _apart((round(208 * many["intact"]["52"]), 208), (round(208 * many["MLA blind"]["52"]), 208)) > 0
+    assert f["mla_carries_many_pairs"] == (drop["52"] >= 0.2 and apart and drop["2"] <= 0.05), f
     if f["kda_only_present"]:
         assert 0.0 <= f["kda_only_p"]["reset KDA"] <= 1.0 and f["kda_only_reset_kl"] >= 0, f
     # "one expert of 896 hardly matters": the ablation moves the loss by well under 1%, and it is never chosen
     assert f["ablated_never_chosen"] is True and f["ablated_tokens"] > 0, f
     assert abs(f["loss_ablate"] - f["loss"]) < 0.01 * f["loss"], f
-    # "without the bias a few experts take most tokens and hundreds sit idle"
+    # "without the bias the load piles onto the experts the router happens to like, and hundreds sit idle"
     assert all(a > 2 * b for a, b in zip(f["balance_after"], f["balance_before"])), f
     assert all(a > b + 100 for a, b in zip(f["idle_after"], f["idle_before"])), f
+    assert f["half_slots_after"] < f["half_slots_before"] / 2 and f["top10_share_after"] > 2 * f["top10_share_before"]
+    # the share of new picks that go to rare experts: its interval resamples the tokens with all their picks (a
+    # token's picks are not independent draws), so n is the tokens, and every pick is counted once
+    lo, hi = f["new_to_rare_interval"]
+    assert lo <= f["nobias_new_to_rare"] <= hi and f["interval_tokens"] == 256, f
+    assert f["new_picks_by_token"] == f["new_picks"], f
     # "taking the trained depth weights out costs a lot of loss" (read as co-adaptation, not AttnRes's worth)
     assert f["loss_uniform"] > f["loss"] + 0.3, f
     # "the loss changes by a lot ... a token keeps only part of its experts"
@@ -497,9 +560,14 @@ def _intervals_are_wilson(curves: dict, after: dict) -> None:
 def test_lesson8_facts(executed):
     f = _facts(executed, "08_train_it_yourself.py")
     assert f["fast"] is True and f["steps"] < f["recipe_steps"], "the suite runs lesson 8's short budget"
-    # section 1's prose: two stages, at most 16 then 64 characters of filler, 1-4 pairs, rows of 64, 16 a step
-    assert [(s["max_filler"], s["max_pairs"], s["seq_len"], s["batch"], s["recall_share"]) for s in f["stages"]] \
-        == [(16, 4, 64, 16, 1.0), (64, 4, 64, 16, 1.0)], f["stages"]
+    # section 1's prose: two stages of recall lines, at most 16 characters of filler: 1-8 pairs with every byte in
+    # the loss, then 1-16 pairs, every key asked, the loss on the answers alone
+    every_byte, answers = (16, 8, 1.0, False, 1.0), (16, 16, 1.0, True, 0.0)     # "each in the order it needs"
+    assert {n: [(s["max_filler"], s["max_pairs"], s["recall_share"], s["ask_all"], s["other_weight"]) for s in st]
+            for n, st in f["stages"].items()} == {"lesson": [every_byte, answers], "lesson-twin": [answers, every_byte]}
+    # "small's widths at four layers ... and its twin, KDA's short convolution kept in front of its attention"
+    assert f["layer_kinds"] == {"lesson": ["kda", "kda", "kda", "mla"], "lesson-twin": ["mla"] * 4}, f
+    assert f["conv_layers"] == {"lesson": [], "lesson-twin": [0, 1, 2]}, f
     assert f["probe_answers"] == 96 and 0 < f["answer_bytes_share"] < 0.5, f
     _intervals_are_wilson(f["curves"], f["after"])
     assert all(c["step"][-1] == f["steps"] for c in f["curves"].values())
@@ -509,8 +577,8 @@ def test_lesson8_facts(executed):
     assert f["recorded_same_recipe"] is True and record["steps"] == f["recipe_steps"] == f["recorded_steps"]
     _intervals_are_wilson(record["curves"], record["after"])
     assert f["recorded_verdict"] == _reading(record["after"]), f["recorded_verdict"]
-    # "about two minutes of CPU" for the two models together
-    assert 60 <= sum(record["cpu_seconds"].values()) <= 240, record["cpu_seconds"]
+    # "a couple of minutes of CPU" each; the issue's budget is 5 CPU-minutes for both
+    assert 60 <= f["recorded_cpu_seconds"] <= 300, record["cpu_seconds"]
 
 
 def test_figures_are_readable_on_a_projector():

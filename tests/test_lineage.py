@@ -163,9 +163,11 @@ def _tokens(n, seed):
     return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("preset, lengths", [("tiny", (7, 20)), ("kimi-linear-tiny", (5, 11)), ("k2-tiny", (6, 10))])
+@pytest.mark.parametrize("preset, lengths", [("tiny", (7, 20)), ("kimi-linear-tiny", (5, 11)), ("k2-tiny", (6, 10)),
+                                             ("tiny-twin", (6, 13))])
 def test_a_left_padded_batch_gives_each_prompt_its_own_logits(preset, lengths):
-    cfg = K3Config.preset(preset)
+    from tiny_k3.weights import config_for
+    cfg = config_for(preset)
     torch.manual_seed(0)
     model = _randomise(TinyK3(cfg, dtype=torch.float64).eval(), std=0.15, seed=11)
     a, b = _tokens(lengths[0], 1), _tokens(lengths[1], 2)
@@ -191,6 +193,8 @@ def test_a_left_padded_batch_gives_each_prompt_its_own_logits(preset, lengths):
         torch.testing.assert_close(cab.layers[i].conv[0], ca.layers[i].conv[0], **tol)
     for i in cfg.mla_layers:
         torch.testing.assert_close(cab.layers[i].latent[0, pad:], ca.layers[i].latent[0], **tol)
+    for i in cfg.mla_conv_layers:                        # nor did the twin's short-conv tails
+        torch.testing.assert_close(cab.layers[i].conv[0], ca.layers[i].conv[0], **tol)
     assert cab.key_mask.shape == (2, T + 1) and cab.clone().key_mask is not cab.key_mask
     # without the mask the padded prompt's logits are wrong: the test can tell
     with torch.no_grad():

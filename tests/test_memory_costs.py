@@ -68,7 +68,8 @@ def test_no_crossover_without_kda_layers():
 def test_mha_baseline_and_projection():
     assert memory.mha_bytes_per_token(K3) == 93 * 96 * (192 + 128) * 2     # 61,440 B per layer (§5a)
     p = memory.project_to_k3(M)
-    assert (p.kv, p.twin, p.mha) == (27_648 * M, 107_136 * M, 93 * 61_440 * M)
+    # the twin's 69 former-KDA layers keep a short-conv tail: 3 rows of [c, k_r, q_a] = 576 + 1,536 values, bf16
+    assert (p.kv, p.twin, p.mha) == (27_648 * M, 107_136 * M + 69 * 3 * 2_112 * 2, 93 * 61_440 * M)
     assert p.hybrid == p.kv + memory.state_bytes_fixed(K3).total
     assert memory.project_to_k3(0).hybrid == 0
 
@@ -124,10 +125,12 @@ def test_format_bytes():
 RUNNABLE = [name for name in K3Config.presets() if name not in COUNTED_ONLY]
 
 
-@pytest.mark.parametrize("name", RUNNABLE)
+@pytest.mark.parametrize("name", RUNNABLE + ["small-twin", "tiny-twin", "tiny-twin-noconv"])
 def test_cache_bytes_match_live_model(name):
-    """Analytic bytes == bytes of the live ModelCache after a prefill and after one decode step."""
-    cfg = K3Config.preset(name)
+    """Analytic bytes == bytes of the live ModelCache after a prefill and after one decode step (twins: their conv
+    tails counted with the fixed state, and without the short conv none)."""
+    base = name.removesuffix("-noconv").removesuffix("-twin")
+    cfg = K3Config.preset(base) if base == name else K3Config.preset(base).twin(short_conv=not name.endswith("noconv"))
     torch.manual_seed(0)
     model = TinyK3(cfg).eval()
     batch, prompt = 2, 5

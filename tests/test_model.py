@@ -31,6 +31,37 @@ def test_token_by_token_decode_equals_full_forward(preset, dtype, tol):
     assert cache.position == 11
 
 
+@pytest.mark.parametrize("short_conv", [True, False])
+def test_the_twin_decodes_as_it_prefills_and_keeps_a_conv_tail_only_with_the_short_conv(short_conv):
+    cfg = K3Config.preset("tiny").twin(short_conv=short_conv)
+    assert cfg.mla_conv_layers == ((0, 1, 2) if short_conv else ())          # where "tiny" has its KDA layers
+    torch.manual_seed(0)
+    model = TinyK3(cfg).to(torch.float64).eval()
+    tokens = _tokens(cfg, 13, B=2)
+    with torch.no_grad():
+        full, whole = model(tokens)
+        cache, steps = None, []
+        for t in range(13):
+            logits, cache = model(tokens[:, t:t + 1], cache)
+            steps.append(logits)
+        half, split = model(tokens[:, :6])
+        rest, split = model(tokens[:, 6:], split)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(torch.cat([half, rest], 1), full, atol=1e-10, rtol=1e-10)
+    tails = [layer.conv for layer in cache.layers]
+    assert [t is not None for t in tails] == [i in cfg.mla_conv_layers for i in range(cfg.num_layers)]
+    for i in cfg.mla_conv_layers:    # the tail is the last W-1 pre-conv inputs, whichever way the tokens came
+        assert tails[i].shape == (2, cfg.kda_conv_kernel - 1, 8 + 4 + 16)     # [c, k_r] 8 + 4, q_a 16 channels
+        torch.testing.assert_close(tails[i], whole.layers[i].conv, atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(tails[i], split.layers[i].conv, atol=1e-12, rtol=1e-12)
+    assert (cache.state_bytes() > 0) == short_conv and cache.kv_bytes() == whole.kv_bytes()
+
+
+def test_mla_conv_layers_name_only_mla_layers():
+    with pytest.raises(ValueError, match=r"mla_conv_layers may only name MLA layers \(0-based\), got \[0\]"):
+        K3Config.preset("tiny", mla_conv_layers=(0,))
+
+
 def test_k3_topo_decode_equals_full_forward():
     model = _model("k3-topo", torch.float32)
     tokens = _tokens(model.config, 5)

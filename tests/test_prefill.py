@@ -132,6 +132,25 @@ def test_restored_caches_equal_a_forward_over_the_same_tokens(pair, tokens):
             assert close(c.latent, r.latent) and close(c.k_rope, r.k_rope)
         else:
             assert close(c.state, r.state) and close(c.conv, r.conv)
+        if isinstance(r, MLACache) and r.conv is not None:      # the twin's short-conv tails, from the kept ones
+            assert close(c.conv, r.conv)
+    assert any(isinstance(r, MLACache) and r.conv is not None for r in twin_ref.layers)
+
+
+@pytest.mark.parametrize("tokens", [1, 30, 64, 100])
+def test_a_twin_session_restores_its_own_conv_tails(tokens):
+    """--preset small-twin: the timeline's own model keeps short-conv tails, and a restore (what a branch, a
+    what-if and `back` then a new choice use) equals a forward over the same tokens."""
+    sim = Simulation(float64("small-twin"), PROMPT[:120], seed=3)
+    cache, _ = sim.caches_at(tokens)
+    ids = torch.tensor([[f.input_id for f in sim.frames[:tokens]]])
+    with torch.no_grad():
+        _, ref = sim.model(ids)
+    for c, r in zip(cache.layers, ref.layers):
+        assert close(c.latent, r.latent) and (r.conv is None or close(c.conv, r.conv))
+    sim.goto(tokens - 1)
+    sim.step(force_token="Z")                        # a branch: the next frame continues the restored cache
+    assert sim.frames[tokens].input_id == ord("Z")
 
 
 def test_a_branch_in_the_prompt_equals_the_stepped_runs_branch(pair):

@@ -17,7 +17,7 @@ from sim import real_download
 from sim.__main__ import main
 from sim.real import Checkpoint, RealSimulation, truncated
 from sim.real_download import DEFAULT_REPO, download, parse_layers, shard_sizes, shards_for
-from test_released_stream import synthetic_release
+from sim.real_synthetic import write_synthetic_release
 from tiny_k3 import K3Config, TinyK3
 from tiny_k3.released import RELEASED_CONFIG, expand_table, layer_of, load_k3_table
 
@@ -58,7 +58,7 @@ def test_parse_layers_and_its_errors():
 
 @pytest.fixture(scope="module")
 def release8(tmp_path_factory):
-    return synthetic_release(tmp_path_factory.mktemp("release8"), num_layers=8, seed=7)
+    return write_synthetic_release(tmp_path_factory.mktemp("release8"), num_layers=8, seed=7)
 
 
 class FakeHub:

@@ -5,15 +5,15 @@ import pytest
 
 from sim import runfile
 from sim.real import RealSimulation
+from sim.real_synthetic import write_synthetic_release
 from sim.streamed_run import StreamedRun, open_run
-from test_released_stream import synthetic_release
 from tui_pilot import screen_text, settle, sync, wait_until
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("release")
-    _, _, folder = synthetic_release(folder)
+    _, _, folder = write_synthetic_release(folder)
     sim = RealSimulation(folder, "ab")
     sim.run(3)
     path = folder.parent / "real-run.npz"

@@ -16,8 +16,8 @@ from sim import runfile
 from sim import session as session_module
 from sim.__main__ import main
 from sim.real import RealSimulation, choose_tokenizer
+from sim.real_synthetic import write_synthetic_release
 from sim.session import Simulation
-from test_released_stream import synthetic_release
 from tiny_k3.tokenizer import (BYTES, KIMI_PATTERN, RESERVED_SPECIAL, CheckpointTokenizer, bytes_label, read_ranks,
                                token_text, write_ranks)
 
@@ -128,7 +128,7 @@ PROMPT = "the cat=3;a"
 def bpe_release(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bpe-release")
     vocab = 256 + len(MERGES) + RESERVED_SPECIAL          # the embedding holds every id, specials too
-    config, model, folder = synthetic_release(folder, vocab_size=vocab, seed=5)
+    config, model, folder = write_synthetic_release(folder, vocab_size=vocab, seed=5)
     write_tokenizer(folder)
     return config, model, folder
 

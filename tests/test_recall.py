@@ -55,8 +55,8 @@ def test_recall_accuracy_against_oracles():
 def test_probes_are_seeded():
     a, b = make_probes(3, 2, 10, seed=4), make_probes(3, 2, 10, seed=4)
     assert all(torch.equal(x.tokens, y.tokens) for x, y in zip(a, b))
-    with pytest.raises(ValueError, match="1 to 26 pairs"):
-        make_probes(1, 27, 0, seed=0)
+    with pytest.raises(ValueError, match="1 to 52 pairs"):
+        make_probes(1, 53, 0, seed=0)
 
 
 def test_small_kda_is_the_only_preset_that_may_end_in_kda():
@@ -125,3 +125,19 @@ def test_wilson_interval_matches_the_formula_and_contains_the_share():
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
     with pytest.raises(ValueError, match="0 <= hits <= n"):
         wilson_interval(11, 10)
+
+
+def test_52_pairs_use_every_key_a_to_z_then_A_to_Z_once_and_26_keep_lowercase():
+    from tiny_k3.corpus import KEYS, LETTERS
+    from tiny_k3.tokenizer import decode
+
+    (probe,) = make_probes(1, 52, 16, seed=3)
+    line = decode(probe.tokens[1:].tolist())
+    define, ask = line.split(" | ")
+    defined = dict(pair.split("=") for pair in define.split(";")[:52] if "=" in pair for pair in [pair.strip()])
+    assert sorted(defined) == sorted(KEYS) and len(probe.answer_at) == 52
+    for p in probe.answer_at:                      # each answer position is a query `k=` whose value was defined
+        key = chr(int(probe.tokens[p - 1]))
+        assert chr(int(probe.tokens[p])) == "=" and chr(int(probe.tokens[p + 1])) == defined[key]
+    (few,) = make_probes(1, 26, 0, seed=3)
+    assert set(decode(few.tokens[1:few.define_end].tolist())) <= set(LETTERS + "0123456789=; ")

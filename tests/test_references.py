@@ -21,6 +21,7 @@ from tiny_k3.kda_chunk import kda_chunked
 from tiny_k3.mla import GatedMLA, apply_rope, rope_angles, rope_factors, rotate_pairs
 from tiny_k3.moe import LatentMoE
 from tiny_k3.norm import rms_norm, rms_norm_reference
+from tiny_k3.shortconv import causal_conv, causal_conv_reference
 
 F64 = torch.float64
 TOL = 1e-10
@@ -94,11 +95,12 @@ def _rope(gen):
             [_randn(gen, 2, 5, 3, 8)], [])
 
 
-def _mla_decode(gen, preset: str):
+def _mla_decode(gen, preset: str, twin: bool = False):
     # `attend_absorbed` serves only inference (its absorbed weights are a cache, outside autograd): the op is the
     # layer's decode step after a cached prefill, the reference the same tokens in one causal prefill
+    # (twin: the twin's MLA with KDA's short conv in front, whose decode continues the prefill's conv tail)
     cfg = K3Config.preset(preset)
-    mla = GatedMLA(cfg, dtype=F64)
+    mla = GatedMLA(cfg.twin() if twin else cfg, dtype=F64, short_conv=twin)
     with torch.no_grad():
         for p in mla.parameters():
             if p.dim() >= 2:
@@ -108,6 +110,20 @@ def _mla_decode(gen, preset: str):
         _, cache = mla(x[:, :-1])
         return mla(x[:, -1:], cache)[0]
     return decode, lambda x: mla(x)[0][:, -1:], [_randn(gen, 2, 9, cfg.hidden_size)], list(mla.parameters())
+
+
+def _short_conv(gen, tokens: int):
+    # the short conv as KDA and the twin's MLA call it: a prefill through conv1d (tokens > 1) or decode's weighted
+    # sum of the tail (tokens = 1), both continuing a tail, against the definition written token by token
+    weight, tail = _randn(gen, 12, 1, 4), _randn(gen, 2, 3, 12)
+
+    def fast(x, w, t):
+        return causal_conv(x, w, t)
+
+    def reference(x, w, t):
+        full = torch.cat([t, x], 1)
+        return causal_conv_reference(x, w, t), full[:, -3:]
+    return fast, reference, [_randn(gen, 2, tokens, 12), weight, tail], []
 
 
 def _moe(gen, tokens: int):
@@ -128,6 +144,8 @@ CASES = {
     "kda_chunked": _kda_chunked, "kda_step": _kda_step, "kda decay gate": _kda_decay_gate,
     "rotate_pairs": _rope, "mla decode, K3": lambda gen: _mla_decode(gen, "tiny"),
     "mla decode, K2 rope": lambda gen: _mla_decode(gen, "k2-tiny"),
+    "mla decode, twin with short conv": lambda gen: _mla_decode(gen, "tiny", twin=True),
+    "short conv prefill": lambda gen: _short_conv(gen, 7), "short conv decode": lambda gen: _short_conv(gen, 1),
     "moe one token": lambda gen: _moe(gen, 1), "moe tokens": lambda gen: _moe(gen, 24),
 }
 

@@ -1,55 +1,31 @@
 """`sim real` end to end on a synthetic checkpoint in the exact released layout (no real weights, no network).
 
-A tiny K3-shaped TinyK3 with every weight perturbed off its init (depth queries, norms, selection bias too) has
-its routed experts rounded to MXFP4 and is written by tiny_k3.released.write_checkpoint: the released names,
-dtypes, packed experts and E8M0 scales, one shard per layer, an index json and a config.json with the released
-fields. RealSimulation streams it; a Simulation over the same TinyK3 is the reference.
+sim.real_synthetic writes the release (the same one `python -m sim real DIR --synthetic` and lesson 6 write): a tiny
+K3-shaped TinyK3 with every weight perturbed off its init (depth queries, norms, selection bias too) has its routed
+experts rounded to MXFP4 and is written by tiny_k3.released.write_checkpoint: the released names, dtypes, packed
+experts and E8M0 scales, one shard per layer, an index json and a config.json with the released fields.
+RealSimulation streams it; a Simulation over the same TinyK3 is the reference.
 """
 
 import json
 
 import numpy as np
 import pytest
-import torch
 
 from sim import session as session_module
 from sim.__main__ import main
 from sim.real import RealSimulation, layer_bytes, main_real
+from sim.real_synthetic import write_synthetic_release
 from sim.session import Simulation
-from tiny_k3 import K3Config, TinyK3
-from tiny_k3.released import (EXPERT, ReleasedFormatError, config_json_for, mxfp4_rounded, released_tensors,
-                              spec_bytes, write_checkpoint)
+from tiny_k3.released import EXPERT, ReleasedFormatError, released_tensors, spec_bytes
 
 PROMPT = "a=3;"
 STEPS = 3
 
 
-def synthetic_config(vocab_size: int = 300, num_layers: int = 4) -> K3Config:
-    base = K3Config.preset("tiny", moe_intermediate=32, latent_dim=32, shared_intermediate=32, num_experts=56,
-                           top_k=4, vocab_size=vocab_size,   # expert widths a multiple of MXFP4's group of 32
-                           num_layers=num_layers, layer_kinds=("kda", "kda", "kda", "mla") * (num_layers // 4))
-    return K3Config.from_released(config_json_for(base))      # exactly what the stream will read back
-
-
-def synthetic_release(folder, vocab_size: int = 300, seed: int = 3, num_layers: int = 4):
-    """(config, model, folder): a TinyK3 with every weight off its init and MXFP4-rounded experts, written to
-    `folder` in the released layout (also used by tests/test_real_*.py)."""
-    config = synthetic_config(vocab_size, num_layers)
-    torch.manual_seed(seed)
-    model = TinyK3(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:                                   # norms, depth queries, A_log, dt_bias, gains
-                p.add_(0.3 * torch.randn_like(p))
-        for moe in model.moe_layers():
-            moe.router.bias.copy_(0.05 * torch.randn_like(moe.router.bias))
-    mxfp4_rounded(model)
-    return config, model, write_checkpoint(model, folder)
-
-
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    return synthetic_release(tmp_path_factory.mktemp("release"))
+    return write_synthetic_release(tmp_path_factory.mktemp("release"))
 
 
 def reference(model, monkeypatch) -> Simulation:
@@ -210,3 +186,67 @@ def test_a_what_if_on_the_stream_is_the_what_if_on_tinyk3(release, monkeypatch):
             assert all(np.array_equal(ra.expert_ids, rb.expert_ids) for ra, rb in zip(fa.routing, fb.routing))
     assert chosen not in real.what_if(AblateExpert(config.moe_layers[0], chosen)).frames[0].routing[0].expert_ids
     assert real.what_if().kl[0] == 0                                  # no change is the original exactly
+
+
+# ---------------------------------------------------------------------------- `python -m sim real DIR --synthetic`
+def run_real(*argv) -> tuple[int, str]:
+    from rich.console import Console
+    console = Console(record=True, width=400)        # wide: a one-line error stays one line
+    code = main(["real", *map(str, argv)], console)
+    return code, console.export_text()
+
+
+def text_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("text: "))
+
+
+def test_synthetic_writes_the_tested_release_into_a_missing_folder_then_streams_it(release, tmp_path):
+    _, _, tested = release
+    folder = tmp_path / "new" / "release"
+    code, out = run_real(folder, "--synthetic", "--prompt", "hi", "--tokens", "2")
+    assert code == 0, out
+    assert f"wrote a synthetic release in {folder}" in out and "random weights, not K3's" in out
+    assert "streamed from disk" in out and "bytes read" in out
+    # the very release the tests above check: the same files, to the byte (marker included)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in tested.iterdir())
+    for p in tested.iterdir():
+        assert (folder / p.name).read_bytes() == p.read_bytes(), p.name
+    # and streamed as `python -m sim real DIR` streams it
+    code, plain = run_real(folder, "--prompt", "hi", "--tokens", "2")
+    assert code == 0 and text_line(plain) == text_line(out)
+    assert "synthetic release" not in plain
+
+
+def test_synthetic_into_an_empty_folder_and_again_into_its_own_release(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    code, out = run_real(folder, "--synthetic", "--tokens", "0")
+    assert code == 0 and "wrote a synthetic release" in out, out
+    stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    code, again = run_real(folder, "--synthetic", "--tokens", "0")
+    assert code == 0 and f"found a synthetic release in {folder}" in again, again
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps      # streamed as it was, not rewritten
+
+
+def test_synthetic_refuses_a_folder_that_holds_anything_else_in_one_line(release, tmp_path):
+    _, _, tested = release
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep me\n")
+    real_like = tmp_path / "checkpoint"            # a released folder without the marker: never written into
+    real_like.mkdir()
+    for p in tested.iterdir():
+        if p.name != "synthetic.json":
+            (real_like / p.name).symlink_to(p)
+    a_file = tmp_path / "file.bin"
+    a_file.write_bytes(b"x")
+    cases = [((other, "--synthetic"), "is not empty and holds no synthetic release"),
+             ((real_like, "--synthetic"), "is not empty and holds no synthetic release"),
+             ((a_file, "--synthetic"), "is a file; --synthetic needs an empty or new folder"),
+             ((tmp_path / "new", "--synthetic", "--download", "0-3"), "cannot be combined with --download")]
+    for argv, message in cases:
+        code, out = run_real(*argv)
+        assert code == 2 and out.startswith("error: ") and message in out, out
+        assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
+    assert [p.name for p in other.iterdir()] == ["todo.txt"] and not (tmp_path / "new").exists()
+    assert not (real_like / "synthetic.json").exists()

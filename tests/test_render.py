@@ -85,15 +85,47 @@ def test_expert_load_bars_show_the_busiest_experts_first():
     assert lines[1].split()[0] == "#7" and lines[2].split()[0] == "#12" and len(lines) == 3
 
 
-def test_state_heatmap_draws_k_over_2_lines_and_a_legend():
+def test_state_heatmap_draws_k_over_2_lines_a_legend_and_its_scale():
     S = np.linspace(-2, 3, 32 * 32, dtype=np.float32).reshape(32, 32)
     lines = text_of(render.state_heatmap(S)).splitlines()
-    assert len(lines) == 17 and all(len(line.rstrip()) <= 32 for line in lines[:16])
+    assert len(lines) == 18 and all(len(line.rstrip()) <= 32 for line in lines[:16])
     assert "min -2.000" in lines[16] and "max +3.000" in lines[16] and f"{np.linalg.norm(S):.3f}" in lines[16]
+    scale = render.robust_scale(S)
+    assert lines[17].startswith(f"colour ±{scale:.3g} (99th percentile of |S|")
     assert lines[15].rstrip().endswith("█")                          # the largest |S| is the last cell
-    assert len(text_of(render.state_heatmap(S), color_system="truecolor").splitlines()) == 17
+    assert len(text_of(render.state_heatmap(S), color_system="truecolor").splitlines()) == 18
     with pytest.raises(ValueError, match="one head's"):
         render.state_heatmap(np.zeros((2, 3, 3)))
+
+
+def lightness(rgb) -> float:
+    """CIE L* (0 black .. 100 white) of an sRGB colour: relative luminance Y, then 116 Y^(1/3) - 16."""
+    c = np.asarray(rgb, dtype=np.float64) / 255.0
+    lin = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    y = float(lin @ np.array([0.2126, 0.7152, 0.0722]))
+    return 116.0 * np.cbrt(y) - 16.0 if y > 216 / 24389 else y * 24389 / 27
+
+
+def test_the_state_scale_is_robust_and_the_map_bright_at_both_ends():
+    """A heavy-tailed state, as trained ones are (most entries small, a few large): on the robust, sqrt-compressed
+    scale most cells stand out from a dark background (L* 15 above Textual's #121212); on the old map, linear
+    up to the largest |S|, most were near black. Both ends of the map are bright, and in different hues."""
+    rng = np.random.default_rng(0)
+    S = (rng.laplace(0, 0.03, (32, 32)) * (1 + 30 * (rng.random((32, 32)) > 0.995))).astype(np.float32)
+    scale = render.robust_scale(S)
+    assert scale == pytest.approx(np.percentile(np.abs(S), 99)) and scale < 0.5 * np.abs(S).max()
+    floor = lightness((18, 18, 18)) + 15
+    new = [lightness(render.state_colour(x, scale)) >= floor for x in S.reshape(-1)]
+    old = [lightness(render._lerp(render.DARK, render.POSITIVE if x >= 0 else render.NEGATIVE, abs(x) / np.abs(S).max()))
+           >= floor for x in S.reshape(-1)]
+    assert np.mean(new) >= 0.5 > np.mean(old)
+    hi, lo = render.state_colour(scale, scale), render.state_colour(-scale, scale)
+    assert lightness(hi) > 80 and lightness(lo) > 80 and hi[0] > hi[2] and lo[2] > lo[0]   # warm +, cool -
+    assert render.state_colour(10 * scale, scale) == hi                                    # beyond the scale: clipped
+    assert render.robust_scale(np.zeros((4, 4))) == 1.0
+    only_one = np.zeros((16, 16), np.float32)
+    only_one[3, 4] = -2.0
+    assert render.robust_scale(only_one) == 2.0           # a percentile of 0 falls back to the largest |S|
 
 
 def test_decay_beta_bars_and_sparkline():

@@ -36,6 +36,9 @@ def _hand_step(config: K3Config, expert_fmt_bytes, rest_bytes_per_value: int, ba
     kv = len(config.mla_layers) * (config.kv_lora_rank + config.qk_rope_dim) * 2 * context
     h, k = config.kda_heads, config.kda_head_dim
     state = len(config.kda_layers) * (h * k * k * 4 + (config.kda_conv_kernel - 1) * 3 * h * k * 2)
+    # the twin keeps KDA's short conv in front of its attention: a tail of [c, k_r] and q_a per such layer, bf16
+    state += len(config.mla_conv_layers) * (config.kda_conv_kernel - 1) * (
+        config.kv_lora_rank + config.qk_rope_dim + config.q_lora_rank) * 2
     step_bytes = dense + n_moe * touched * expert_fmt_bytes(per_expert) + batch * (kv + 2 * state)
     idle = parts["routed_experts"] * (config.num_experts - config.top_k) // config.num_experts
     active = sum(parts.values()) - parts["embedding"] - idle
@@ -98,7 +101,8 @@ def test_the_twin_is_k3_with_every_attention_layer_k3s_own_mla():
     assert config == K3.twin() and len(config.mla_layers) == 93 and not config.kda_layers
     assert (config.hidden_size, config.mla_heads, config.kv_lora_rank) == (K3.hidden_size, K3.mla_heads, K3.kv_lora_rank)
     assert model.weight_bytes == costs.weight_bytes(config, "k3-release") < costs.weight_bytes(K3, "k3-release")
-    assert model.kv_bytes_per_token == 93 * 576 * 2 and model.state_bytes == 0
+    # its 69 former-KDA layers keep KDA's short conv: a fixed tail of 3 rows of [c, k_r] and q_a (576 + 1,536), bf16
+    assert model.kv_bytes_per_token == 93 * 576 * 2 and model.state_bytes == 69 * 3 * (576 + 1536) * 2
     # it reads fewer weights than K3: 69 KDA layers' weights replaced by lighter MLA layers
     k3_parts, twin_parts = parameter_breakdown(K3), parameter_breakdown(config)
     assert twin_parts["mla"] < k3_parts["kda"] + k3_parts["mla"]
@@ -226,8 +230,8 @@ def test_the_readme_and_k3_facts_quote_the_table():
     assert rows['K3 against twin, nearest to "up to 6.3x"'] == f"{t.closest['K3 against twin'].value:.2f}"
     assert rows['K3 against K2, nearest to "up to 6.3x"'] == f"{t.closest['K3 against K2'].value:.2f}"
     # the memory crossover the section quotes (bytes held, not speed)
-    k3m = serving.models()["K3"][1]
-    held = -(-k3m.state_bytes // (93 * 576 * 2 - k3m.kv_bytes_per_token))
+    k3m, twin = serving.models()["K3"][1], serving.models()["twin"][1]     # (the twin's conv tails are fixed too)
+    held = -(-(k3m.state_bytes - twin.state_bytes) // (twin.kv_bytes_per_token - k3m.kv_bytes_per_token))
     assert f"smaller than the twin's from\n{held:,} tokens" in section or f"from {held:,} tokens" in _flat(section)
     assert set(re.findall(r"(\d+\.\d\d)x", section)) <= t.figures()
 

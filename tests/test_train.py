@@ -76,7 +76,7 @@ def test_answer_mask_marks_sums_results_and_recalled_values_only():
 
 
 def test_single_digit_sums_are_common():
-    sums = re.findall(r"(?:^| )(\d)\+(\d)=(\d+)", sample_corpus(50_000, 0))
+    sums = re.findall(r"(?:^| )(\d)\+(\d)=(\d+)", sample_corpus(60_000, 0))
     assert len(sums) > 200 and all(int(a) + int(b) == int(c) for a, b, c in sums)
 
 

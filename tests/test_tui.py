@@ -68,7 +68,7 @@ async def test_opens_steps_forward_and_back():
         await pilot.press("b")
         await settle(pilot)
         text = screen_text(app)
-        assert app.step == 0 and "already at the first token" in text
+        assert app.step == 0 and "already at the first token; n goes forward" in text
         assert "Memory · 1 token " in text and "load over 1 token " in text    # never "1 tokens"
 
 
@@ -151,7 +151,8 @@ async def test_depth_panel_names_its_columns_and_scale():
         depth = app.query_one("#depth")
         text = depth.text
         assert "emb embedding · bN block sums · partial the open block" in " ".join(text.split())
-        assert "Depth · weights 0 ░▒▓█ 1" in screen_text(app)
+        assert "Depth · AttnRes weights" in screen_text(app)
+        assert "weight ██ 0 ██ 0.05 ██ 0.25 ██ 0.5 ██ 1" in text       # the colour key, with its numbers
         header = next(line for line in text.splitlines() if "partial" in line and "emb" in line and "b1" in line)
         assert header.split() == ["emb", "b1", "b2", "b3", "b4", "partial"]   # tiny: 8 sublayers, blocks of 2
 
@@ -249,7 +250,8 @@ async def test_bad_prompt_keeps_the_session_then_a_good_one_replaces_it():
             await wait_until(pilot, lambda: app.driver.loading is None)
             await settle(pilot)
             text = screen_text(app)
-            assert "Not loaded:" in text and says in text and "kept the current session" in text
+            assert "Not loaded:" in text and says in text
+            assert "the current session stays; e for another prompt, p for another preset" in " ".join(text.split())
             assert app.sim is sim and app.step == step and app.prompt == PROMPT
         await pilot.press("e")
         app.screen.query_one("Input").value = "a\nb"
@@ -268,16 +270,25 @@ async def test_bad_prompt_keeps_the_session_then_a_good_one_replaces_it():
 
 
 @sync
-async def test_preset_dialog_opens_on_another_preset():
+async def test_preset_dialog_opens_on_the_current_preset_and_enter_alone_changes_nothing():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        sim = app.sim
         await pilot.press("p")
         assert isinstance(app.screen, PresetScreen)
         text = screen_text(app)
         assert "tiny " in text and "(current)" in text
-        highlighted = app.screen.query_one("OptionList").highlighted_option.id
-        assert highlighted != "tiny"                   # Enter switches, always
+        assert app.screen.query_one("OptionList").highlighted_option.id == "tiny"   # the current one
+        await pilot.press("enter")                     # p, Enter (or a double Enter): nothing changes
+        await settle(pilot)
+        assert not isinstance(app.screen, PresetScreen) and app.driver.loading is None
+        assert app.sim is sim and app.preset == "tiny"
+        assert "still on tiny: p, then ↑ ↓ to another preset and Enter, switches" in screen_text(app)
+        await pilot.press("p", "down")                 # one down is the next preset: ↑ ↓ then Enter switch
+        names = [app.screen.query_one("OptionList").get_option_at_index(i).id
+                 for i in range(app.screen.query_one("OptionList").option_count)]
+        assert app.screen.query_one("OptionList").highlighted_option.id == names[names.index("tiny") + 1]
         app.screen.query_one("OptionList").highlighted = SMALL      # ... the list is in preset order
         assert app.screen.query_one("OptionList").highlighted_option.id == "small"
         await pilot.press("enter")
@@ -289,6 +300,29 @@ async def test_preset_dialog_opens_on_another_preset():
         assert isinstance(app.screen, HelpScreen) and "step into / out" in screen_text(app)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.parametrize("size", [(MIN_WIDTH, MIN_HEIGHT), (FULL_WIDTH, FULL_HEIGHT)], ids=["80x24", "120x36"])
+@sync
+async def test_the_state_panel_keeps_its_decay_beta_and_colour_key_on_screen(size):
+    """Issue 35: at 80x24 the state panel cut off its decay and beta lines. The default prompt (a recall query,
+    whose notes take lines too) on small's 32 x 32 state: decay and beta are on screen, and at 80x24, where the
+    numbers sit beside the heatmap, the colour key's numbers too."""
+    from sim import render
+    from tui_app.keys import number
+
+    app = make_app(preset="small", prompt=None)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await pilot.press("2")                          # the state panel (the one shown at 80x24)
+        await settle(pilot)
+        view = app.view()
+        rec = view.frame.kda_for(view.kda_layer)
+        scale = render.robust_scale(rec.state[view.kda_head].astype(np.float32))
+        text = screen_text(app)
+        assert "decay α" in text and "beta β" in text and f"{float(rec.beta[view.kda_head]):.3f}" in text
+        key = f"{number(-scale)} " in text and f" {number(scale)}" in text     # the colour key's numbers
+        assert key or size != (MIN_WIDTH, MIN_HEIGHT)   # at 120x36 the panel is 33 columns: the key is below, scrolled
 
 
 @sync
@@ -327,7 +361,7 @@ async def test_full_layout_at_120x36_cuts_nothing_important():
         assert app.layout_mode == "full"
         text = screen_text(app)
         for must in ("Tokens", "Routing · layer 1 (MoE)", "16 of 896 experts", "KDA layer 1 · head 0",
-                     "Depth · weights", "state fixed at 63.0 KB", f"hybrid larger until token {crossover_tokens(app.config)}",
+                     "Depth · AttnRes weights", "state fixed at 63.0 KB", f"hybrid larger until token {crossover_tokens(app.config)}",
                      "twin ÷ hybrid", "K3 at 1M", "c compare", "z zoom", "q quit",
                      f"step {len(encode(DEFAULT_PROMPT)) - 1}/"):
             assert must in text, must
@@ -455,7 +489,8 @@ async def test_escape_cancels_a_k3_topo_prefill_and_a_new_prompt_replaces_a_load
         await wait_until(pilot, lambda: app.driver.progress is not None, 120, "the prefill")
         first = app.driver.loading
         text = screen_text(app)
-        assert f"/{len(LONG) + 1} tokens" in text and "tokens/s" in text and "Esc cancels" in text
+        assert f"/{len(LONG) + 1} tokens" in text and "Esc cancels" in text
+        assert "timing the first tokens" in text or "tokens/s" in text     # no time left from the first token
         await pilot.press("escape")
         assert first.flag.observed.wait(30)             # the worker saw the flag between two tokens
         await pilot.pause(0.1)

@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--preset", "tiny", "--prompt", "x" * 600], "allows 512 tokens in all, so use at most 510 bytes"),
     (["--device", "tpu"], "Unknown device 'tpu'; use 'cpu' or 'cuda'"),
     (["--weights", "best"], "invalid choice: 'best'"),
+    (["--preset", "tiny", "--weights", "trained"], "No trained weights ship for preset 'tiny' (presets with them: "
+                                                   "small"),
+    (["--preset", "tiny", "--weights", "trained"], "); use --weights auto or --weights random."),
     (["--open", "/nonexistent/run.npz"], "Cannot open the run: there is no run file"),
     (["--frobnicate"], "Unrecognized arguments: --frobnicate"),
 ])

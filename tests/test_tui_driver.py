@@ -90,7 +90,7 @@ def test_a_failed_step_ends_the_timeline_with_its_reason():
     d.next()
     sim_, _ = d.start_step()
     assert not d.finish_step(sim_, error="boom")
-    assert d.end_reason == "boom" and d.next() == "end" and d.goal == d.step
+    assert d.end_reason == "boom; b goes back, e starts a new prompt" and d.next() == "end" and d.goal == d.step
 
 
 def test_new_load_cancels_the_old_and_stale_results_are_dropped():
@@ -177,3 +177,36 @@ def test_weights_label_and_expected_weights():
     flag = CancelFlag()
     flag.check()                                       # not set: no exception
     assert not flag.observed.is_set()
+
+
+def test_the_time_left_waits_until_a_few_tokens_are_timed():
+    """Issue 35: building k3-topo takes about a minute, so the first token's time promised "about 7224 s left".
+    No estimate until ETA_AFTER tokens have been timed after the first, and then from their time only."""
+    from tui_app.driver import ETA_AFTER
+    from tui_app.widgets import load_line
+
+    clock = [0.0]
+    total = 271
+
+    def make_sim(preset, prompt, progress=None, **kw):
+        clock[0] += 60.0                               # building the model (and its first forward)
+        for done in range(1, 12):
+            progress(done, total)
+            clock[0] += 0.5                            # then a token every half second
+        sim = FakeSim(prompt_frames=11)
+        sim.weights, sim.seed = "random", 0
+        return sim
+
+    d = Driver(make_sim=make_sim, clock=lambda: clock[0])
+    ticket = d.begin_load(RunSpec("k3-topo", "x" * (total - 1)))
+    reports = []
+    d.run_load(ticket, reports.append)
+    assert [p.done for p in reports] == list(range(1, 12))        # 0.5 s apart: every token reports
+    early = [p for p in reports if p.done <= ETA_AFTER]
+    assert early and all(p.seconds_left is None for p in early)
+    assert all("left" not in load_line(ticket, p).plain and "timing the first tokens" in load_line(ticket, p).plain
+               for p in early)
+    for p in reports[ETA_AFTER:]:
+        assert p.seconds_left == pytest.approx((total - p.done) * 0.5)    # 2 tokens/s, the build left out
+        assert f"2.0 tokens/s · about {(total - p.done) * 0.5:.0f} s left" in load_line(ticket, p).plain
+    assert reports[0].seconds == pytest.approx(60.0) and reports[0].timed == 0

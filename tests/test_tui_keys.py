@@ -54,7 +54,8 @@ async def test_a_double_key_closes_a_dialog_once(key, screen, answer, finish):
         await drain(pilot)
         assert app._exception is None and app.is_running
         assert [type(args[0]) for args, _ in pushed][:1] == [screen]
-        assert len(answers) == (1 if finish == "enter" else 0)
+        # p opens on the current preset, so its Enter keeps it: nothing is loaded (issue 35)
+        assert len(answers) == (1 if finish == "enter" and key != "p" else 0)
         if key == "x" and finish == "enter":            # the what-if ran once and its result is on top
             await wait_until(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the what-if result")
             await settle(pilot)

@@ -243,6 +243,7 @@ async def test_palette_what_ifs_and_choices_that_do_not_fit():
         await settle(pilot)
         text = screen_text(app)
         assert "What-if not run: ResetState: layer 3 is not a KDA layer" in text and "Traceback" not in text
+        assert "x on a panel lists the what-ifs that fit this preset" in normal(text)   # what the app offers
         app.select_layer(0)                                  # the dense layer: nothing to route
         await pilot.press("1", "x")
         await pilot.pause()
@@ -283,3 +284,48 @@ def test_fmt_kl_keeps_real_moves_and_hides_float32_noise():
     assert fmt_kl(0.0) == "0"
     assert fmt_kl(1.5e-5) == "1.5e-05" and fmt_kl(2.2616) == "2.26"
     assert fmt_kl(4.62e-10) == fmt_kl(4.61e-10) == "<1e-6"     # two machines' rounding read the same
+
+
+def summary_text(w, sim) -> str:
+    from rich.console import Console
+
+    from tui_app.whatif_screen import summary
+
+    console = Console(width=200, record=True, color_system=None)
+    console.print(summary(w, 0, None, sim))
+    return " ".join(console.export_text().split())
+
+
+@sync
+async def test_a_twin_has_no_twin_of_its_own_and_says_so():
+    """Issue 35: on small-twin the "twin" beside it was another all-MLA model with random weights, so `c` and the
+    what-if's "twin KL" compared against noise without a word. Now c refuses and says where a twin is, the state
+    panel says what small-twin is, and the what-if leaves the twin KL out with the reason."""
+    app = make_app(preset="small-twin", prompt="k=7; k=")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("c")
+        await settle(pilot)
+        assert not app.compare and "compare: hybrid" not in screen_text(app)
+        assert normal(str(app.message)) == ("c: small-twin is itself the all-MLA twin of small, so it has no twin of "
+                                            "its own; p → small compares the hybrid with it.")
+        assert "small-twin is the all-MLA twin of small: it has no KDA layers" in normal(app._panels["state"].text)
+    # the what-if's twin KL on a preset that is all MLA already (k2-tiny: no conv tails, so windows run on it)
+    sim = Simulation("k2-tiny", PROMPT, seed=0, weights="random")
+    w = sim.what_if(TruncateContext(2), steps=2)
+    assert w.twin_kl                                   # the library computed one against the random "twin" ...
+    text = summary_text(w, sim)
+    assert "twin KL" not in text.replace("no twin KL", "")          # ... and the screen does not show it
+    assert "no twin KL: k2-tiny has no KDA layers: it is all MLA already, so there is no all-MLA twin" in text
+
+
+def test_a_twin_with_random_weights_beside_a_trained_hybrid_is_named_so():
+    sim = tiny_sim()
+    w = sim.what_if(TruncateContext(2), steps=2)
+    assert w.twin_kl
+    plain = summary_text(w, sim)                       # random beside random: the twin is just "the twin"
+    assert "twin KL" in plain and "random-weight" not in plain
+    sim.weights, sim.twin_weights = "trained", "random"    # as small-kda runs: trained, no twin ships
+    text = summary_text(w, sim)
+    assert "random-weight twin KL" in text and "the random-weight twin's KL under the same window" in text
+    assert "the twin has random weights (no trained twin ships for tiny): its KL compares against noise" in text

@@ -41,24 +41,37 @@ class MLACache:
 
     latent: [B, T, kv_lora_rank]  the normalised compressed KV latent c
     k_rope: [B, T, qk_rope_dim]   the key part shared by all heads (NoPE: never rotated)
+    conv:   [B, W-1, C] or None   the twin's short-conv tail (K3Config.mla_conv_layers): the last W-1 inputs of
+                                  the convolution in front of the attention; fixed size, counted with the states
     """
 
     latent: torch.Tensor
     k_rope: torch.Tensor
+    conv: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
         return self.latent.shape[1]
 
-    def nbytes(self) -> int:
+    def kv_nbytes(self) -> int:
+        """Bytes that grow with the context: the latent and the shared key part."""
         return tensor_bytes(self.latent) + tensor_bytes(self.k_rope)
 
-    def clone(self) -> "MLACache":
-        return MLACache(self.latent.clone(), self.k_rope.clone())
+    def nbytes(self) -> int:
+        return self.kv_nbytes() + tensor_bytes(self.conv)
 
-    def truncate(self, length: int) -> "MLACache":
-        """The cache as it was after `length` tokens: a KV cache can simply be cut."""
-        return MLACache(self.latent[:, :length].clone(), self.k_rope[:, :length].clone())
+    def clone(self) -> "MLACache":
+        return MLACache(self.latent.clone(), self.k_rope.clone(), None if self.conv is None else self.conv.clone())
+
+    def truncate(self, length: int, conv: torch.Tensor | None = None) -> "MLACache":
+        """The cache as it was after `length` tokens: the rows can simply be cut. A short-conv tail cannot be cut
+        back (it holds only the last W-1 inputs): pass the tail kept at `length` (sim/session.py keeps them)."""
+        if self.conv is not None and conv is None and length != self.length:
+            raise ValueError("truncate: this layer has a short-conv tail; pass the tail kept after "
+                             f"{length} tokens (it cannot be recovered from the one after {self.length}).")
+        tail = self.conv if length == self.length and conv is None else conv
+        return MLACache(self.latent[:, :length].clone(), self.k_rope[:, :length].clone(),
+                        None if tail is None else tail.clone())
 
 
 class ModelCache:
@@ -70,12 +83,13 @@ class ModelCache:
         self.key_mask: torch.Tensor | None = None  # [B, position] bool, False at left padding; None: no padding
 
     def kv_bytes(self) -> int:
-        """Bytes of the growing caches (MLA layers)."""
-        return sum(c.nbytes() for c in self.layers if isinstance(c, MLACache))
+        """Bytes of the growing caches (MLA layers' latents and shared keys)."""
+        return sum(c.kv_nbytes() for c in self.layers if isinstance(c, MLACache))
 
     def state_bytes(self) -> int:
-        """Bytes of the fixed-size states (KDA layers: S plus the convolution tail)."""
-        return sum(c.nbytes() for c in self.layers if isinstance(c, KDAState))
+        """Bytes of the fixed-size states: KDA layers' S and convolution tails, and the twin's MLA conv tails."""
+        return sum(c.nbytes() if isinstance(c, KDAState) else tensor_bytes(c.conv)
+                   for c in self.layers if isinstance(c, (KDAState, MLACache)))
 
     def layer_bytes(self) -> list[int]:
         return [0 if c is None else c.nbytes() for c in self.layers]

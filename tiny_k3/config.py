@@ -68,6 +68,8 @@ class K3Config:
     mla_output_gate: bool = True     # out = W_o(attn * sigmoid(W_g x)) (K3); False: W_o(attn) (K2, Kimi Linear)
     mla_rope: bool = False           # True: rotate the qk_rope_dim channels of q and the shared key (K2, DeepSeek-V3)
     rope_theta: float = 10000.0      # RoPE base, used only when mla_rope (K2: 50,000)
+    mla_conv_layers: tuple[int, ...] = ()  # MLA layers that keep KDA's short conv (width kda_conv_kernel) in front
+                                           # of their attention: the twin's, where the hybrid has KDA (twin())
     mla_norm_eps: float | None = None  # eps of the q/kv latent RMSNorms; None: 1e-6, as released (see mla_latent_eps)
 
     # Latent MoE (k3_facts.md §1c, §2)
@@ -93,6 +95,7 @@ class K3Config:
         if not self.layer_kinds:
             object.__setattr__(self, "layer_kinds", k3_schedule(self.num_layers))
         object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
+        object.__setattr__(self, "mla_conv_layers", tuple(self.mla_conv_layers))   # (JSON gives lists)
         self.validate()
 
     # ------------------------------------------------------------------ derived sizes
@@ -137,16 +140,24 @@ class K3Config:
     def num_sublayers(self) -> int:
         return 2 * self.num_layers
 
-    def twin(self) -> "K3Config":
+    def twin(self, short_conv: bool = True) -> "K3Config":
         """The all-softmax twin: the same model with every attention layer as gated MLA.
 
         Its MLA layers rotate their qk_rope_dim channels (mla_rope, as K2 and DeepSeek-V3 do): K3's MLA can
         be NoPE because its KDA layers carry word order, and a model with no KDA layer has no other source
-        of it. The cache is the same either way (the rope channels are cached already), so every byte the
-        twin is compared on is unchanged.
+        of it. The cache is the same either way (the rope channels are cached already).
+
+        short_conv (the default): every layer that is KDA here keeps KDA's causal depthwise short convolution
+        in front of its attention (`mla_conv_layers`), so the hybrid and its twin differ only in how they
+        remember, a fixed state against a growing cache. Why: looking up `q=8;` needs the key one byte back at
+        the query and two bytes back at the value; a short conv hands a layer both for free, while a
+        softmax-only model must grow previous-token heads first, which took it far longer than a laptop's
+        training budget (docs/recall.md). Its decode tail is a constant number of bytes, counted with the state.
+        short_conv=False gives the twin without it, as it shipped before.
         """
-        return dataclasses.replace(self, name=f"{self.name}-twin", layer_kinds=("mla",) * self.num_layers,
-                                   mla_rope=True)
+        kinds = ("mla",) * self.num_layers
+        return dataclasses.replace(self, name=f"{self.name}-twin", layer_kinds=kinds, mla_rope=True,
+                                   mla_conv_layers=tuple(self.kda_layers) if short_conv else ())
 
     def replace(self, **changes) -> "K3Config":
         return dataclasses.replace(self, **changes)
@@ -190,6 +201,9 @@ class K3Config:
         need(self.mla_norm_eps is None or self.mla_norm_eps > 0,
              f"mla_norm_eps must be None (use rms_norm_eps) or positive, got {self.mla_norm_eps}.")
         need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}.")
+        bad_conv = [i for i in self.mla_conv_layers if not (0 <= i < self.num_layers and self.layer_kinds[i] == "mla")]
+        need(not bad_conv, f"mla_conv_layers may only name MLA layers (0-based), got {bad_conv}; "
+                           f"the MLA layers are {self.mla_layers}.")
         need(not self.mla_rope or (self.qk_rope_dim > 0 and self.qk_rope_dim % 2 == 0),
              f"mla_rope rotates channel pairs, so qk_rope_dim must be a positive even number, got {self.qk_rope_dim}.")
 

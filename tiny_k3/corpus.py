@@ -3,8 +3,8 @@
 One line = one exercise, all plain ASCII (one byte = one token):
 
     arithmetic   3+4=7 8+5=13 | 37+45=82 9*7=63 (3+4)*2=14   digits and operators; the answer depends on both
-    recall       a=3; q=8; b=1; the red fox sees a box. 12+5=17 | q=8; a=3;
-                 1-26 pairs (distinct letters, single digits), filler, then after "|" some keys again:
+    recall       a=3; q=8; B=1; the red fox sees a box. 12+5=17 | q=8; a=3;
+                 1-52 pairs (distinct keys a-z, A-Z; single digits), filler, then after "|" some keys again:
                  the state (or the KV cache) must hold the values until then
     brackets     ([a]{b(c)})                     closing the right bracket needs a stack of what is open
     words        the small cat sees a red box.   a small vocabulary and grammar
@@ -28,6 +28,8 @@ WORDS = {
     "verb": ["sees", "finds", "likes", "moves", "takes", "draws", "holds", "wants"],
 }
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+KEYS = LETTERS + LETTERS.upper()   # recall keys: a-z then A-Z, 52 single bytes (a 32 x 32 state holds 32 exactly)
+MAX_PAIRS = len(KEYS)
 PARTS = ("arithmetic", "recall", "brackets", "words")
 PART_WEIGHTS = (0.25, 0.45, 0.1, 0.2)
 RECALL_MARK = "|"           # after it, every `key=` is followed by the value given before it
@@ -91,10 +93,14 @@ def filler(rng: random.Random, n_chars: int) -> str:
 
 
 def recall_pairs(rng: random.Random, n: int) -> list[tuple[str, int]]:
-    """n distinct single-letter keys with single-digit values: [("q", 8), ("a", 3), ...] (n <= 26)."""
-    if not 1 <= n <= len(LETTERS):
-        raise ValueError(f"a recall line holds 1 to {len(LETTERS)} pairs (one per letter), got {n}.")
-    return [(key, rng.randint(0, 9)) for key in rng.sample(LETTERS, n)]
+    """n distinct single-letter keys with single-digit values: [("q", 8), ("A", 3), ...] (n <= 52).
+
+    Up to 26 pairs the keys are lowercase letters, as in every line before the keys grew; past 26 they are
+    drawn from all 52 (a-z, A-Z): past 32 orthogonal keys a 32 x 32 delta-rule state can no longer be exact,
+    while a cache keeps every pair."""
+    if not 1 <= n <= MAX_PAIRS:
+        raise ValueError(f"a recall line holds 1 to {MAX_PAIRS} pairs (one per key a-z, A-Z), got {n}.")
+    return [(key, rng.randint(0, 9)) for key in rng.sample(LETTERS if n <= len(LETTERS) else KEYS, n)]
 
 
 def recall_line(rng: random.Random, pairs: list[tuple[str, int]], filler_chars: int,
@@ -122,10 +128,14 @@ def copy_line(rng: random.Random, min_len: int = 4, max_len: int = 24) -> str:
 
 
 def sample_line(rng: random.Random, max_filler: int = MAX_FILLER, recall_share: float | None = None,
-                max_pairs: int = len(LETTERS), copy_share: float = 0.0) -> str:
+                max_pairs: int = len(LETTERS), copy_share: float = 0.0, many_share: float = 0.15,
+                ask_all: bool = False) -> str:
     """One exercise; recall lines carry 0..max_filler characters of filler between definitions and queries
     and 1..max_pairs pairs. recall_share overrides the share of recall lines (the rest keep their proportions);
-    copy_share > 0 makes that share of all lines copy lines (copy_line), drawn before anything else."""
+    copy_share > 0 makes that share of all lines copy lines (copy_line), drawn before anything else.
+    many_share: the share of recall lines with more than 6 pairs (7..max_pairs); a line of more than 26 pairs
+    asks up to all of its keys and keeps its filler under 32 characters, so that it fits a row whole.
+    ask_all: every recall line asks all of its keys (in a random order), as a probe does."""
     if copy_share and rng.random() < copy_share:
         return copy_line(rng)
     weights = PART_WEIGHTS if recall_share is None else tuple(
@@ -138,10 +148,12 @@ def sample_line(rng: random.Random, max_filler: int = MAX_FILLER, recall_share: 
         return " ".join(equation(rng) for _ in range(rng.randint(2, 6)))
     if part == "recall":
         # mostly a few pairs (what a state of 2 x 32 x 32 can hold), sometimes many (what only attention can)
-        n = rng.randint(1, min(6, max_pairs)) if rng.random() < 0.85 or max_pairs <= 6 else rng.randint(7, max_pairs)
+        n = (rng.randint(1, min(6, max_pairs)) if rng.random() >= many_share or max_pairs <= 6
+             else rng.randint(7, max_pairs))
         pairs = recall_pairs(rng, n)
-        queries = rng.sample(pairs, rng.randint(1, min(len(pairs), 8)))
-        filler_chars = 0 if rng.random() < 0.15 else rng.randint(0, max_filler)
+        asked = len(pairs) if ask_all else rng.randint(1, min(len(pairs), 8 if n <= len(LETTERS) else n))
+        queries = rng.sample(pairs, asked)
+        filler_chars = 0 if rng.random() < 0.15 else rng.randint(0, max_filler if n <= len(LETTERS) else 32)
         return recall_line(rng, pairs, filler_chars, queries)
     if part == "brackets":
         line = brackets(rng)
@@ -175,13 +187,14 @@ def answer_mask(text: str) -> bytearray:
 
 
 def sample_corpus(n_chars: int, seed: int, max_filler: int = MAX_FILLER, recall_share: float | None = None,
-                  max_pairs: int = len(LETTERS), copy_share: float = 0.0) -> str:
+                  max_pairs: int = len(LETTERS), copy_share: float = 0.0, many_share: float = 0.15,
+                  ask_all: bool = False) -> str:
     """Exactly n_chars of newline-separated exercises; the same seed (and settings) gives the same text."""
     if n_chars < 0:
         raise ValueError(f"n_chars must be 0 or more, got {n_chars}.")
     rng = random.Random(seed)
     lines, size = [], 0
     while size < n_chars:
-        lines.append(sample_line(rng, max_filler, recall_share, max_pairs, copy_share))
+        lines.append(sample_line(rng, max_filler, recall_share, max_pairs, copy_share, many_share, ask_all))
         size += len(lines[-1]) + 1
     return "\n".join(lines)[:n_chars]

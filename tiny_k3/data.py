@@ -32,15 +32,16 @@ class Rows:
         return Rows(self.tokens.to(device), self.weights.to(device))
 
 
-def pack_lines(text: str, seq_len: int, answer_weight: float = 1.0) -> Rows:
-    """Text -> Rows of BOS + seq_len bytes, each starting at the start of a line.
+def pack_lines(text: str, seq_len: int, answer_weight: float = 1.0, other_weight: float = 1.0) -> Rows:
+    """Text -> Rows of BOS + seq_len bytes, each starting at the start of a line; the answer bytes weigh
+    `answer_weight` in the loss, every other byte `other_weight` (0: a loss on the answers alone).
 
     A row that cuts a line is followed by a row starting at that line's start (lines shorter than seq_len
     are always seen whole); only the tail that cannot fill a row is dropped.
     """
     data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
     answers = torch.frombuffer(answer_mask(text), dtype=torch.uint8).bool() if text else torch.zeros(0, dtype=torch.bool)
-    weight = torch.where(answers, torch.tensor(float(answer_weight)), torch.tensor(1.0))
+    weight = torch.where(answers, torch.tensor(float(answer_weight)), torch.tensor(float(other_weight)))
     starts = torch.cat([torch.zeros(1, dtype=torch.long), (data == 10).nonzero().flatten() + 1])
     tokens, weights, start = [], [], 0
     while start + seq_len <= len(data):
@@ -64,6 +65,9 @@ class Stage:
     seq_len: int = 256                    # bytes per row (after BOS)
     batch: int = 12                       # rows per step
     copy_share: float = 0.0               # share of copy lines "k3qa8z | k3qa8z" (corpus.copy_line)
+    many_share: float = 0.15              # share of recall lines with more than 6 pairs (corpus.sample_line)
+    ask_all: bool = False                 # every recall line asks all of its keys, as a probe does
+    other_weight: float = 1.0             # loss weight of the bytes that are not answers (0: the answers alone)
 
 
 def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), answer_weight: float = 1.0) -> Rows:
@@ -71,8 +75,8 @@ def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), an
     n_chars = int(n_rows * seq_len * 1.3) + 4 * seq_len
     while True:
         text = sample_corpus(n_chars, seed, stage.max_filler, stage.recall_share, stage.max_pairs,
-                             stage.copy_share)
-        rows = pack_lines(text, seq_len, answer_weight)
+                             stage.copy_share, stage.many_share, stage.ask_all)
+        rows = pack_lines(text, seq_len, answer_weight, stage.other_weight)
         if len(rows) >= n_rows:
             return rows[:n_rows]
         n_chars *= 2

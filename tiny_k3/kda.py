@@ -29,6 +29,7 @@ from .fused import CachedCat, CachedWeights, FusedLinears, autograd_needed, cons
 from .kda_chunk import check_inputs, compute_dtype, kda_chunked
 from .norm import rms_norm
 from .probe import NO_RECORDER, Recorder, detached
+from .shortconv import causal_conv
 
 __all__ = ["KDALayer", "kda_chunked", "kda_gate", "kda_recurrent", "kda_step"]
 
@@ -208,23 +209,13 @@ class KDALayer(nn.Module):
         return self.g_proj(x) if self.g_proj is not None else self.g_b_proj(self.g_a_proj(x))
 
     def _short_conv(self, x: torch.Tensor, cache: KDAState | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Causal depthwise conv over time. x [B,T,C] pre-conv q|k|v -> (conv out [B,T,C], new tail [B,W-1,C]).
-
-        The conv sees the last W-1 inputs of earlier calls (zeros at the start), so any split of a
-        sequence gives the same result as one pass.
-        """
-        B, T, C = x.shape
-        tail = x.new_zeros(B, self.conv_kernel - 1, C) if cache is None else cache.conv
-        full = torch.cat([_as(tail, x.dtype), x], 1)                           # [B, W-1+T, C]
+        """Causal depthwise conv over time (tiny_k3/shortconv.py). x [B,T,C] pre-conv q|k|v -> (conv out [B,T,C],
+        new tail [B,W-1,C]); the tail carries the last W-1 inputs, so any split of a sequence gives one pass's result."""
         convs = self._conv_weight.parts()
         grad = autograd_needed(convs)
-        if T == 1:  # decode: one output per channel, sum_w full[w] weight[w]: cheaper than conv1d's set-up
-            taps = torch.cat(convs, 0)[:, 0].T if grad else self._conv_taps()     # [W, C]
-            out = (full * taps).sum(1, keepdim=True)
-        else:
-            weight = torch.cat(convs, 0) if grad else self._conv_weight()          # [C, 1, W]
-            out = F.conv1d(full.transpose(1, 2), weight, groups=C).transpose(1, 2)  # no padding: exactly T outputs
-        return out, full[:, full.shape[1] - (self.conv_kernel - 1):].clone()  # clone: don't pin all of `full`
+        weight = torch.cat(convs, 0) if grad else self._conv_weight()          # [C, 1, W]
+        taps = None if grad or x.shape[1] != 1 else self._conv_taps()          # [W, C], decode's cached form
+        return causal_conv(x, weight, None if cache is None else cache.conv, taps)
 
     def forward(self, x: torch.Tensor, cache: KDAState | None = None, recorder: Recorder = NO_RECORDER,
                 layer: int = 0, hooks=None) -> tuple[torch.Tensor, KDAState]:

@@ -26,6 +26,7 @@ from .config import K3Config
 from .fused import CachedWeights, FusedLinears, autograd_needed, constant
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder, detached
+from .shortconv import causal_conv
 
 
 def rope_angles(positions: torch.Tensor, dim: int, theta: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +78,15 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
 
 class GatedMLA(nn.Module):
-    def __init__(self, config: K3Config, device=None, dtype=None):
+    """Gated MLA (the module docstring's equations). x [B, T, D] (already RMS-normed) -> y [B, T, D].
+
+    short_conv (the twin's layers that are KDA in the hybrid, K3Config.mla_conv_layers): the outputs of the
+    projections that read x, [c, k_r] = W_kva x and W_q(a) x, first pass through KDA's causal depthwise short
+    convolution (tiny_k3/shortconv.py), as KDA's q, k and v do, so that a key and a query can hold the tokens
+    just before them. Without it the layer is K3's MLA exactly.
+    """
+
+    def __init__(self, config: K3Config, device=None, dtype=None, short_conv: bool = False):
         super().__init__()
         c = config
         self.heads, self.nope, self.rope, self.v_dim = c.mla_heads, c.qk_nope_dim, c.qk_rope_dim, c.v_head_dim
@@ -102,6 +111,11 @@ class GatedMLA(nn.Module):
         if self.g_proj is not None:
             groups.append(("g_proj",))
         self._x_proj = FusedLinears(self, *groups)
+        q_first = c.q_lora_rank if low_rank else q_width
+        self.conv_split = (c.kv_lora_rank + c.qk_rope_dim, q_first)        # channels of [kv | q] the conv mixes
+        channels = sum(self.conv_split)
+        self.short_conv = (nn.Conv1d(channels, channels, c.kda_conv_kernel, groups=channels, bias=False, **kw)
+                           if short_conv else None)
         self._absorbed = CachedWeights(self, ("kv_b_proj",), self._split_kv_b)   # for `attend_absorbed`
 
     def project_q(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
@@ -165,6 +179,13 @@ class GatedMLA(nn.Module):
         """
         B, T, _ = x.shape
         kv, q_first, *gate = self._x_proj(x)                    # W_kva x, W_q(a) x, and W_g x where K3's gate is
+        conv_tail = None
+        if self.short_conv is not None:   # the twin's short conv: each channel mixes its last W tokens
+            if cache is not None and cache.conv is None:
+                raise ValueError("this MLA layer has a short convolution, but its cache holds no conv tail.")
+            mixed, conv_tail = causal_conv(torch.cat([kv, q_first], -1), self.short_conv.weight,
+                                           None if cache is None else cache.conv)
+            kv, q_first = mixed.split(self.conv_split, -1)
         latent, k_rope = kv.split([self.kv_rank, self.rope], dim=-1)
         latent = self.kv_norm(latent)
         past = 0 if cache is None else cache.length
@@ -194,4 +215,4 @@ class GatedMLA(nn.Module):
         y = self.o_proj(attn.reshape(B, T, self.heads * self.v_dim))
         if recorder is not NO_RECORDER:
             recorder.record("mla", layer, probs=detached(probs), cache_len=S)
-        return y, MLACache(latent, k_rope)
+        return y, MLACache(latent, k_rope, conv_tail)

@@ -59,7 +59,9 @@ class Block(nn.Module):
         self.kind = config.layer_kinds[index]
         self.mlp_kind = "dense" if index < config.first_k_dense else "moe"
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
-        self.attn = KDALayer(config, **kw) if self.kind == "kda" else GatedMLA(config, **kw)
+        self.attn = (KDALayer(config, **kw) if self.kind == "kda"
+                     else GatedMLA(config, **kw, short_conv=index in config.mla_conv_layers))
+        self.short_conv = self.kind == "kda" or index in config.mla_conv_layers
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         moe = PlainMoE if config.moe_kind == "plain" else LatentMoE
         self.mlp = (GatedMLP(config.hidden_size, config.dense_intermediate, config, **kw)
@@ -78,12 +80,13 @@ class Block(nn.Module):
             recorder.record("depth", i, site="attn", weights=_detached(weights), h=detached(h))
         x = self.attn_norm(h)
         extra = {}
-        if padding is not None and self.kind == "kda":
+        if padding is not None and self.short_conv:
             # A zero input leaves a KDA layer exactly as it was: q, k, v and the conv inputs are 0, so the
             # delta-rule write beta k (v - S'k)^T is 0; the decay only scales S, which is still all zeros
             # before a left-padded row's first real token, and the conv tail stays zeros, as at the start.
+            # (In a twin's MLA layer with a short conv the same zeros keep padding out of the conv.)
             x = torch.where(padding.mask[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
-        elif padding is not None:
+        if padding is not None and self.kind == "mla":
             extra = dict(positions=padding.positions, key_mask=padding.key_mask)
         out, cache.layers[i] = self.attn(x, cache.layers[i], recorder=recorder, layer=i, hooks=hooks, **extra)
         if recording:

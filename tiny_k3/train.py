@@ -1,18 +1,21 @@
 """Train a tiny K3 on the synthetic corpus; this is what makes the shipped checkpoints.
 
-    python -m tiny_k3.train --preset small --steps 1500 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-twin --steps 1500 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-kda --steps 1500 --seed 0 --threads 1 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small --steps 1000 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-kda --steps 1000 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-twin --curriculum answers-first --steps 2000 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
 
-(the commands of the shipped checkpoints: the same data, seed and schedule; 37, 49 and 52 CPU-minutes for the
-twin, small and small-kda, one thread each, so each fits an hour on one core; side by side on 2 cores shared
-with other work they took 65-80 minutes of wall time). `<preset>-twin` is the all-softmax twin of a preset;
---residual and --no-bias-update make ablations.
+(the commands of the shipped checkpoints: the same corpus, seed, stages' contents, optimiser and init, one thread each;
+logs and CPU times in bench/results/recipe52/). The twin's stages come in another order, and it ran 2,000 steps:
+no one order served all three (ANSWERS_FIRST says why). `<preset>-twin` is the all-softmax twin of a preset, with
+KDA's short convolution kept in front of its attention (K3Config.twin, docs/recall.md); --residual and
+--no-bias-update make ablations.
 
-The data (tiny_k3.data) follow CURRICULUM, one stage per quarter of the run: recall-only lines of 1-4 pairs
-and at most 16 characters of filler, then 80 % recall with up to 64, then the whole corpus with up to 128 and
-200 (rows of 128 bytes in the first half, 256 in the second); the bytes a line determines (recalled values,
-sums' results) weigh 10x in the loss. The log reports exact recall at 4 pairs and 64 characters of filler (tiny_k3.recall).
+The data (tiny_k3.data) follow a curriculum of four stages, one per quarter of the run (CURRICULUM, ANSWERS_FIRST):
+recall lines alone, first with every byte in the loss, then with the answers alone and every key asked; then the
+whole corpus with up to 52 pairs (keys a-z, A-Z) and up to 128, then 200 characters of filler, in rows of 576 bytes
+that hold a 52-pair line whole. The bytes a line determines (recalled values, sums' results) weigh 10x in the loss.
+Every MLA layer's attention logits start x4 (QK_GAIN, scale_attention_logits_at_init). The log reports exact recall
+at 4 pairs and 64 characters of filler, and at 16 and at 52 pairs with 16 (tiny_k3.recall).
 
 One step: a batch of line-aligned windows (BOS + up to seq_len bytes), weighted next-byte cross-entropy, AdamW with
 warm-up and cosine decay, gradient clipping, then the aux-loss-free selection-bias update of every MoE router
@@ -48,7 +51,33 @@ from .weights import config_for, save_pretrained, stored_config, stored_state, w
 
 EVAL_SEED = 999_983           # the held-out text; a training seed may not equal it
 EVAL_SEQUENCES = 32
-CURRICULUM = (                          # one stage per quarter of the run: easy recall first, then everything
+# The recipe of the shipped `small` and `small-kda` (issue 34): one stage per quarter of the run. First recall lines
+# alone with every byte in the loss (answers x10; 1-8 pairs, at most 16 characters of filler), where the KDA layers
+# learn to bind a key to its value; then recall lines with the loss on the answers alone and every key asked (1-16
+# pairs); then the whole corpus with up to 52 pairs (keys a-z, A-Z) in rows of 576 bytes, long enough to hold a
+# 52-pair line and all its queries whole.
+CURRICULUM = (
+    Stage(max_filler=16, recall_share=1.0, max_pairs=8, seq_len=128, batch=24),
+    Stage(max_filler=16, recall_share=1.0, max_pairs=16, seq_len=192, batch=16, many_share=0.6, ask_all=True,
+          other_weight=0.0),
+    Stage(max_filler=128, recall_share=0.6, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
+    Stage(max_filler=MAX_FILLER, recall_share=0.45, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
+)
+# The recipe of the shipped `small-twin`: the answers-alone stage first. No one order served all three models: after
+# a first stage with every byte in the loss the twin stayed near 45 % at 4 pairs, and after the answers-alone stage
+# first the hybrid stayed near 60 % (bench/results/recipe52/README.md, attempts 2-4), each stuck in a partial look-up
+# that the later stages never left. Softmax attention needs the answers' whole gradient to find its look-up; a
+# fixed state learns to bind keys from the whole stream.
+ANSWERS_FIRST = (
+    Stage(max_filler=16, recall_share=1.0, max_pairs=16, seq_len=192, batch=16, many_share=0.6, ask_all=True,
+          other_weight=0.0),
+    Stage(max_filler=64, recall_share=0.8, max_pairs=26, seq_len=256, batch=12, many_share=0.3),
+    Stage(max_filler=128, recall_share=0.6, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
+    Stage(max_filler=MAX_FILLER, recall_share=0.45, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
+)
+QK_GAIN = 4.0   # the recipe's MLA logit scale at init (scale_attention_logits_at_init; docs/recall.md, run t7)
+# The curriculum of the checkpoints before issue 34 (1-26 pairs, rows of 128 then 256 bytes), kept to compare.
+CURRICULUM_26 = (
     Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=128, batch=24),
     Stage(max_filler=64, recall_share=0.8, max_pairs=8, seq_len=128, batch=24),
     Stage(max_filler=128, recall_share=0.6, seq_len=256, batch=12),
@@ -63,7 +92,8 @@ INDUCTION_CURRICULUM = (
     Stage(max_filler=128, recall_share=0.6, seq_len=320, batch=10, copy_share=0.05),
     Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=320, batch=10),
 )
-CURRICULA = {"shipped": CURRICULUM, "induction": INDUCTION_CURRICULUM}
+CURRICULA = {"shipped": CURRICULUM, "answers-first": ANSWERS_FIRST, "pairs26": CURRICULUM_26,
+             "induction": INDUCTION_CURRICULUM}
 ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
 
 
@@ -144,6 +174,7 @@ class TrainResult:
     eval_loss: list[float] = field(default_factory=list)
     eval_recall: list[float] = field(default_factory=list)     # exact recall, 4 pairs, 64 tokens of filler
     eval_recall_many: list[float] = field(default_factory=list)  # exact recall, 16 pairs, 16 tokens of filler
+    eval_recall_52: list[float] = field(default_factory=list)    # exact recall, 52 pairs, 16 tokens of filler
     fresh_eval_loss: float = float("nan")
     tokens: int = 0
     seconds: float = 0.0        # wall time of the training steps
@@ -178,7 +209,9 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
     data = [rows.to(model.device) for rows in curriculum_rows(steps, seed, curriculum, answer_weight)]
     heldout = heldout_rows(max(st.seq_len for st in curriculum), model.device)
     probes = (make_probes(24, pairs=4, filler_chars=64, seed=EVAL_SEED),
-              make_probes(8, pairs=16, filler_chars=16, seed=EVAL_SEED))
+              make_probes(8, pairs=16, filler_chars=16, seed=EVAL_SEED),
+              [p for p in make_probes(4, pairs=52, filler_chars=16, seed=EVAL_SEED)
+               if len(p.tokens) <= config.max_seq_len])      # (none for a preset too short for 52 pairs: "tiny")
     warmup = min(100, steps // 10) if warmup is None else warmup
     opt = adamw(model, lr, weight_decay)
     result = TrainResult(model, fresh_eval_loss=evaluate(model, heldout))
@@ -262,10 +295,12 @@ def _evaluate_into(result: TrainResult, heldout: Rows, probes: tuple, label: str
     result.eval_loss.append(evaluate(model, heldout))
     result.eval_recall.append(recall_accuracy(model, probes[0]))
     result.eval_recall_many.append(recall_accuracy(model, probes[1]))
+    result.eval_recall_52.append(recall_accuracy(model, probes[2]) if probes[2] else float("nan"))
     last = result.train_loss[-50:]
     log(f"{label}: train {sum(last) / len(last):.3f}"
         f"  held-out {result.eval_loss[-1]:.3f}  recall {result.eval_recall[-1]:.0%}"
-        f"  recall16 {result.eval_recall_many[-1]:.0%}  {result.tokens / result.seconds:,.0f} tok/s"
+        f"  recall16 {result.eval_recall_many[-1]:.0%}  recall52 {result.eval_recall_52[-1]:.0%}"
+        f"  {result.tokens / result.seconds:,.0f} tok/s"
         f"  {result.seconds:.0f}s wall, {result.cpu_seconds:.0f}s CPU")
 
 
@@ -282,7 +317,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: min(100, steps / 10))")
     parser.add_argument("--curriculum", choices=sorted(CURRICULA), default="shipped",
                         help="the stages of recall lines (CURRICULUM, INDUCTION_CURRICULUM)")
-    parser.add_argument("--qk-gain", type=float, default=1.0,
+    parser.add_argument("--qk-gain", type=float, default=QK_GAIN,
                         help="multiply MLA attention logits at init by this (scale_attention_logits_at_init)")
     parser.add_argument("--answer-weight", type=float, default=ANSWER_WEIGHT,
                         help="loss weight of recalled values and sums' results")
@@ -352,7 +387,8 @@ def _run_info(args: argparse.Namespace, argv: list[str], config: K3Config, resul
                                                              for i in result.steps[9::10]],
                   "eval_step": result.eval_steps, "eval_loss": [round(x, 4) for x in result.eval_loss],
                   "eval_recall_4pairs_64filler": [round(x, 4) for x in result.eval_recall],
-                  "eval_recall_16pairs_16filler": [round(x, 4) for x in result.eval_recall_many]},
+                  "eval_recall_16pairs_16filler": [round(x, 4) for x in result.eval_recall_many],
+                  "eval_recall_52pairs_16filler": [round(x, 4) for x in result.eval_recall_52]},
     }
 
 

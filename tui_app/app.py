@@ -33,6 +33,8 @@ from .commands import K3Commands
 from .driver import Driver, RunSpec, runs_dir, save_note
 from .footer import K3Footer
 from .messages import JobFinished, JobOutcome, JobProgress, WorkerPool, run_job
+from .panel import no_twin
+from .runs import weights_for, weights_note
 from .panels import DepthPanel, MemoryPanel, Panel, RoutingPanel, StatePanel, View, routing_headline
 from .dialogs import Dialogs
 from .navigation import PANELS, Navigation
@@ -42,6 +44,8 @@ MIN_WIDTH, MIN_HEIGHT = 80, 24      # compact layout from here: tokens, routing 
 FULL_WIDTH, FULL_HEIGHT = 120, 36   # full layout from here: all four panels
 TALL_HEIGHT = 44                    # from here the routing panel shows the whole top-16 table (20 rows)
 RUN_INTERVAL = 0.08                 # seconds between steps while running (the display rate)
+KEPT = "the current session stays; e for another prompt, p for another preset"     # after a load that failed
+NOTHING_LOADED = "nothing loaded: e for a prompt, p for a preset"
 
 
 # In the footer's order: K3Footer shows the first ones that fit the width (80 columns: n to s), ? all.
@@ -198,9 +202,9 @@ class TinyK3App(Navigation, Dialogs, App):
     def load_session(self, preset: str | None = None, prompt: str | None = None, seed: int | None = None) -> None:
         """Load a new Simulation; the current one stays on screen until it is ready (or fails)."""
         base = self.driver.spec or self.spec
-        spec = RunSpec(preset or base.preset, base.prompt if prompt is None else prompt,
-                       base.seed if seed is None else seed, base.weights, base.device)
-        self._start_load(spec)
+        preset = preset or base.preset
+        self._start_load(RunSpec(preset, base.prompt if prompt is None else prompt, base.seed if seed is None else seed,
+                                 weights_for(preset, base, self.spec.weights), base.device))
 
     def _start_load(self, spec: RunSpec) -> None:
         if self._quitting:
@@ -232,13 +236,14 @@ class TinyK3App(Navigation, Dialogs, App):
             self.pin_recall = True
             self.expert = -1
             self.head = min(self.head, self.config.kda_heads - 1)
+            self.compare = self.compare and not no_twin(self.config)   # all MLA: no twin to compare (c says why)
             if not 0 <= self.layer < self.config.num_layers or self.preset != previous:
                 self.layer = self._start_layer()
-            self._set_message("")
+            self._set_message(weights_note(self.driver.spec, self.sim) if self.preset != previous else "")
             self._redraw()
             self._pump()
         elif self.driver.fail_load(ticket):
-            kept = "kept the current session" if self.sim is not None else "nothing loaded: e for a prompt, p for a preset"
+            kept = KEPT if self.sim is not None else NOTHING_LOADED
             self._set_message(Text.assemble(("Not loaded: ", "bold red"), f"{out.error} ({kept})"))
             self._redraw()
 
@@ -249,7 +254,7 @@ class TinyK3App(Navigation, Dialogs, App):
             self._draw_progress()
             self._draw_status()
         elif self.driver.cancel_load():
-            kept = "the current session stays" if self.sim is not None else "nothing loaded: e for a prompt, p for a preset"
+            kept = "the current session stays" if self.sim is not None else NOTHING_LOADED
             self._set_message(f"load cancelled; {kept}")
             self._redraw()
 
@@ -304,7 +309,7 @@ class TinyK3App(Navigation, Dialogs, App):
         moved = self.driver.finish_step(sim, out.error)
         if out.error is not None and sim is self.sim:
             self.running = False
-            self._set_message(Text.assemble(("Cannot step further: ", "bold red"), out.error))
+            self._set_message(Text.assemble(("Cannot step further: ", "bold red"), out.error.rstrip("."), "; b goes back"))
         if moved:
             self._step_changed()
         else:
@@ -316,7 +321,7 @@ class TinyK3App(Navigation, Dialogs, App):
         """A failed recall moment leaves the panels without a recall line, never crashes them."""
         if self.driver.finish_recall(sim, index, out.value):
             if out.error:
-                self._set_message(Text.assemble(("No recall moment: ", "bold red"), out.error))
+                self._set_message(Text.assemble(("No recall moment: ", "bold red"), f"{out.error}; n, b and x still work"))
             self._redraw()
         self._pump()
 
@@ -353,7 +358,7 @@ class TinyK3App(Navigation, Dialogs, App):
         if self.driver.back():
             self._step_changed()
         else:
-            self._set_message("already at the first token")
+            self._set_message("already at the first token; n goes forward")
 
     def goto_step(self, i: int) -> None:
         if self.driver.goto(i):

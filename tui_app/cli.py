@@ -13,7 +13,8 @@ import threading
 import time
 
 from sim import runfile
-from sim.presets import COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, check_device, config_for, tui_presets
+from sim.presets import (COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, check_device, config_for, has_checkpoint,
+                         tui_presets)
 from sim.prompt import prompt_ids
 
 from .app import TinyK3App
@@ -65,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"pick one of: {', '.join(presets)}.")
     if args.preset not in presets:
         raise UsageError(f"Unknown preset {args.preset!r}; valid presets are: {', '.join(presets)}.")
+    if args.weights == "trained" and args.open_path is None and not has_checkpoint(args.preset):
+        shipped = [name for name in presets if has_checkpoint(name)]
+        raise UsageError(f"No trained weights ship for preset {args.preset!r} (presets with them: "
+                         f"{', '.join(shipped) or 'none'}); use --weights auto or --weights random.")
     args.prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
     try:
         prompt_ids(args.prompt, config_for(args.preset))       # the Simulation's own check, its own words

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from .commands import K3Palette
 from .driver import WHAT_IF_STEPS
+from .runs import read_only_note
 from .messages import JobOutcome, run_job
 from .panel import quoted
 from .screens import HelpScreen, PresetScreen, PromptScreen
@@ -34,6 +35,12 @@ class Dialogs:
     def action_edit_prompt(self) -> None:
         if self._quitting:
             return
+        if read_only_note(self.sim):        # no model here to run a prompt with: say so before any dialog
+            self.bell()
+            self._set_message(Text.assemble(("e: ", "bold red"), f"this run was streamed from a released checkpoint "
+                                            f"whose weights are not here, so nothing can run a new prompt on it; p "
+                                            f"switches to a preset, then e gives it a prompt."))
+            return
 
         def done(prompt: str | None) -> None:
             if prompt is not None:
@@ -48,7 +55,7 @@ class Dialogs:
 
         def done(name: str | None) -> None:
             if name is not None and name == self.preset and self.sim is not None:
-                self._set_message(f"already on {name}")
+                self._set_message(f"still on {name}: p, then ↑ ↓ to another preset and Enter, switches")
             elif name is not None:
                 self.load_session(preset=name)
 
@@ -58,6 +65,11 @@ class Dialogs:
     def action_what_if(self) -> None:
         """x: the what-if menu for the focused panel at this step, layer and head."""
         if self._quitting or self.sim is None:
+            return
+        note = read_only_note(self.sim)
+        if note:                            # refused at once, before any menu: nothing here can recompute
+            self.bell()
+            self._set_message(Text.assemble(("What-if not run: ", "bold red"), note))
             return
         panel, view = self._focused_panel(), self.view()
         items = menu_for(panel, view)
@@ -82,8 +94,9 @@ class Dialogs:
             return
         try:
             job = self.driver.request_what_if(changes)
-        except ValueError as exc:
-            self._set_message(Text.assemble(("What-if not run: ", "bold red"), str(exc)))
+        except ValueError as exc:           # a change that does not fit this preset: say what does
+            hint = "" if read_only_note(self.sim) else "; x on a panel lists the what-ifs that fit this preset"
+            self._set_message(Text.assemble(("What-if not run: ", "bold red"), str(exc).rstrip("."), hint))
             return
         panel = panel or self._focused_panel()
         self._whatif_for = (job, panel, *self._panel_place(panel))
@@ -114,7 +127,9 @@ class Dialogs:
                 _, panel, layer, head = self._whatif_for
                 self.push_screen(WhatIfScreen(result, job.sim, panel, layer, head, carried))
             else:
-                self._set_message(Text.assemble(("What-if not run: ", "bold red"), out.error or "it was cancelled"))
+                why = (out.error or "it was cancelled").rstrip(".")
+                self._set_message(Text.assemble(("What-if not run: ", "bold red"), f"{why}; the timeline is "
+                                                f"untouched, and x offers the what-ifs of each panel"))
         self._draw_progress()
         self._draw_status()
         self._pump()

@@ -31,9 +31,13 @@ from sim.streamed_run import open_run
 from sim.whatif import WhatIfPlan
 from sim.recall_moment import find_query, still_carried
 from sim.presets import CheckpointError, has_checkpoint, sim_preset
+from sim.runfile import RELEASED
+
+from .runs import read_only_note
 
 REPO = Path(__file__).resolve().parents[1]   # the checkout (dev.py beside tui.py), when run from one
 PROGRESS_EVERY = 0.1   # seconds between progress reports: often enough for a smooth bar, rarely enough to be free
+ETA_AFTER = 4          # tokens timed after the first one before a load's progress line estimates the time left
 WHAT_IF_STEPS = 8      # a what-if recomputes the cursor's frame and 7 more tokens (fewer where the context ends)
 
 
@@ -82,15 +86,33 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Progress:
-    """Prefill progress of one load: frames done of total, and the seconds it has taken so far."""
+    """Prefill progress of one load: frames done of total, and the seconds it has taken so far.
+
+    `seconds` includes building the model (a minute on k3-topo), so the time left is estimated only from the
+    tokens timed after the first one came out: `timed` tokens in `timed_seconds`, at least ETA_AFTER of them."""
 
     done: int
     total: int
     seconds: float
+    timed: int = 0                  # tokens done since the first token came out
+    timed_seconds: float = 0.0      # ... and the seconds they took
 
     @property
     def tokens_per_s(self) -> float:
         return self.done / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens per second of the timed tokens; None until ETA_AFTER of them have been timed."""
+        if self.timed < ETA_AFTER or self.timed_seconds <= 0:
+            return None
+        return self.timed / self.timed_seconds
+
+    @property
+    def seconds_left(self) -> float | None:
+        """The estimated seconds to the last token; None while there is no rate yet (or nothing is left)."""
+        rate = self.rate
+        return None if rate is None or self.done >= self.total else (self.total - self.done) / rate
 
 
 @dataclass(frozen=True)
@@ -151,7 +173,8 @@ class WhatIfJob:
 def weights_label(sim: Simulation, fallback: str | None = None) -> str:
     """The status line's account of the weights actually in the model."""
     if getattr(sim, "read_only_reason", None):      # a run streamed from a released checkpoint (sim.runfile)
-        return f"{sim.weights}, read-only"
+        # its weights label is "released <folder>"; the preset shown beside it is "released" already
+        return f"streamed from {sim.weights.removeprefix(RELEASED).strip() or 'a released checkpoint'}, read-only"
     if sim.weights == "trained":
         return f"trained checkpoint {sim.config.name}.safetensors"
     label = f"random init, seed {sim.seed}"
@@ -213,13 +236,16 @@ class Driver:
         spec, flag = ticket.spec, ticket.flag
         start = self._clock()
         last = [start]
+        first: list[tuple[int, float]] = []     # (done, time) when the first token came out: the model is built
 
         def progress(done: int, total: int) -> None:
             flag.check()
             now = self._clock()
+            if not first:
+                first.append((done, now))
             if report is not None and (done == total or now - last[0] >= PROGRESS_EVERY):
                 last[0] = now
-                report(Progress(done, total, now - start))
+                report(Progress(done, total, now - start, done - first[0][0], now - first[0][1]))
 
         flag.check()
         if spec.open_path is not None:
@@ -259,7 +285,7 @@ class Driver:
         self.step = self.goal = loaded.step
         # the whole prompt counts as seen: a run saved inside its prompt reopens with the prompt's tail shown
         self.visited = min(max(loaded.step, loaded.sim.prompt_len - 1), last)
-        self.end_reason = getattr(loaded.sim, "read_only_reason", None)   # a read-only run never grows
+        self.end_reason = read_only_note(loaded.sim)   # a read-only run never grows
         return True
 
     def fail_load(self, ticket: LoadTicket) -> bool:
@@ -340,8 +366,8 @@ class Driver:
         if sim is not self.sim:
             return False
         self.stepping = False
-        if error is not None:
-            self.end_reason = error
+        if error is not None:                   # "n: <why>" names what the app can still do
+            self.end_reason = f"{error.rstrip('.')}; b goes back, e starts a new prompt"
             self.goal = min(self.goal, len(self.frames) - 1)
             return False
         if self.goal > self.step and self.goal < len(self.frames):
@@ -356,8 +382,8 @@ class Driver:
         other job is in flight. Raises ValueError (one sentence) for a change that does not fit the preset."""
         if self.sim is None:
             raise ValueError("nothing is loaded yet, so there is no token to change; wait for the load.")
-        if getattr(self.sim, "read_only_reason", None):
-            raise ValueError(self.sim.read_only_reason)
+        if read_only_note(self.sim):
+            raise ValueError(read_only_note(self.sim))
         plan = WhatIfPlan.of(changes, self.sim.config)
         self.cancel_what_if()
         steps = max(1, min(steps, self.sim.config.max_seq_len - self.step))
@@ -433,6 +459,7 @@ class Driver:
     def wants_recall(self) -> bool:
         """The cursor is on a recall query whose moment is not computed yet, and nothing else runs."""
         return (self.sim is not None and not self.busy and self.loading is None and self.whatif is None
+                and not read_only_note(self.sim)       # a read-only run has no model to run the moment with
                 and self.step not in self._recalls and self.is_query(self.step))
 
     def start_recall(self) -> tuple[Simulation, int]:

@@ -16,9 +16,9 @@ KEYS = (
     ("h / H", "next / previous KDA head"),
     ("i / o", "step into / out of the token's layers"),
     ("e", "edit the prompt"),
-    ("p", "switch preset (small-twin: the shipped all-softmax twin)"),
+    ("p", "switch preset: it opens on this one, ↑ ↓ pick another (small-twin: the shipped all-softmax twin)"),
     ("s", "save the run to runs/ (reopen: python3 dev.py run --open FILE)"),
-    ("c", "compare with the all-softmax twin"),
+    ("c", "compare with the all-softmax twin (an all-MLA preset such as small-twin has none)"),
     ("z", "zoom the focused panel / restore"),
     ("tab, 1-4", "focus a panel (small terminals: show it)"),
     ("ctrl+p", "command palette: go to layer / expert / step, presets, what-ifs"),
@@ -31,12 +31,13 @@ PANELS = (
     ("Routing", "all E experts of the selected MoE layer; the k chosen are lit, the rest shaded by score. "
                 "Only k of E experts run per token: total parameters set the memory bill, active ones the "
                 "compute."),
-    ("State", "a KDA head's K x V memory S after this token, its per-channel decay alpha and write strength "
-              "beta, and the delta-rule correction this token wrote. Its size never grows."),
+    ("State", "a KDA head's K x V memory S after this token (red to yellow positive, blue to cyan negative, "
+              "scaled to the 99th percentile of |S|; the key gives the numbers), its per-channel decay alpha and "
+              "write strength beta, and the delta-rule correction this token wrote. Its size never grows."),
     ("Memory", "measured cache bytes of this hybrid vs the same model with every layer softmax (MLA): the "
                "hybrid starts larger (its fixed KDA states) and the twin overtakes it; then K3 now and at 1M."),
     ("Depth", "Attention Residuals: each sublayer (row) reads a softmax mix of the earlier blocks (columns: "
-              "emb, b1, b2, ..., partial), not a fixed sum."),
+              "emb, b1, b2, ..., partial), not a fixed sum; the brighter the green, the larger the weight (key)."),
 )
 
 RECALL = ('At a recall query ("| z=" after "z=1;"), State opens on the KDA head that reads the value back: '

@@ -7,6 +7,8 @@ watchers redraw. Stepping into a token walks Simulation.step_into's sublayers of
 
 from __future__ import annotations
 
+from .panel import no_twin
+
 PANELS = ("routing", "state", "depth", "memory")
 
 
@@ -37,8 +39,8 @@ class Navigation:
             subs = self._sublayer_views()
             target = self.sublayer_index + delta
             if not 0 <= target < len(subs):
-                self._set_message("already at the " + ("embedding" if target < 0 else "head") +
-                                  ", the first sublayer" * (target < 0) + ", the last sublayer" * (target > 0))
+                self._set_message("already at the " + ("embedding, the first sublayer; j goes deeper" if target < 0
+                                                       else "head, the last sublayer; k goes back") + ", o steps out")
                 return
             self.sublayer_index = target
             layer = subs[target].layer
@@ -73,6 +75,11 @@ class Navigation:
             self.layer = self.config.moe_layers[0]
 
     def action_compare(self) -> None:
+        why = no_twin(self.config)
+        if why and not self.compare:        # nothing to compare with: say so rather than compare against noise
+            self.bell()
+            self._set_message(f"c: {why}.")
+            return
         self.compare = not self.compare
 
     def watch_layer(self) -> None:

@@ -32,6 +32,28 @@ def quoted(text: str) -> str:
     return f"'{text}'"
 
 
+def no_twin(config) -> str | None:
+    """Why a preset has no all-MLA twin to compare with, in one sentence that says where one is; None when it has
+    one. A preset without KDA layers is all MLA already (small-twin, k2-tiny): the "twin" a Simulation builds
+    beside it would be another copy of itself, with random weights."""
+    if config.kda_layers:
+        return None
+    hybrid = config.name.removesuffix("-twin")
+    if hybrid != config.name:
+        return (f"{config.name} is itself the all-MLA twin of {hybrid}, so it has no twin of its own; p → {hybrid} "
+                f"compares the hybrid with it")
+    return (f"{config.name} has no KDA layers: it is all MLA already, so there is no all-MLA twin to compare it "
+            f"with; p → small compares a hybrid with its twin")
+
+
+def twin_name(sim) -> str:
+    """What the all-MLA twin beside a run is called on screen: "twin", or "random-weight twin" where the hybrid
+    runs trained weights but no trained twin ships for it (its numbers then compare against noise)."""
+    if getattr(sim, "weights", None) == "trained" and getattr(sim, "twin_weights", None) == "random":
+        return "random-weight twin"
+    return "twin"
+
+
 @dataclass(frozen=True)
 class View:
     """What the panels show: everything is read from here, nothing from the app."""

@@ -18,6 +18,7 @@ from sim.measure import saved_line
 from sim.memory import format_bytes, state_bytes_fixed
 from sim.render import crossover_line, depth_map, memory_table
 
+from .keys import rgb_style, state_key, weight_key
 from .panel import COLUMN_GAP, Panel, SideBySide, View, plural, quoted
 
 SPARK_WIDTH = 48  # values shown in a sparkline: the most recent ones, so long runs cost the same
@@ -103,8 +104,17 @@ def _expert_line(r, load: np.ndarray, expert: int) -> Text:
 # ---------------------------------------------------------------------------------------- state
 
 
+SIDE_COLUMN = 34   # the state panel's column beside the heatmap needs this much: the key (33 cells), the numbers
+
+
 class StatePanel(Panel):
-    """KDA: the K x V delta-rule state of one head, its decay and write strength (kda.md §2)."""
+    """KDA: the K x V delta-rule state of one head, its decay and write strength (kda.md §2).
+
+    The heatmap is drawn on a robust symmetric scale (sim.render.robust_scale: the 99th percentile of |S|) with
+    its colour key. Where the panel is wide enough (an 80-column terminal's one panel), the numbers, the decay
+    and beta and the key sit beside the heatmap, so a 24-row terminal shows them all; otherwise they come first
+    and the heatmap under them.
+    """
 
     TITLE = "Recurrent state"
 
@@ -114,50 +124,87 @@ class StatePanel(Panel):
     def draw(self, v: View):
         cfg, layer = v.config, v.kda_layer
         if layer is None:
-            return "Recurrent state", Text("This preset has no KDA layers.")
+            return "Recurrent state", Text(no_state_note(cfg))
         rec = v.frame.kda_for(layer)
         h = v.kda_head
-        per_head = state_bytes_fixed(cfg).state // (len(cfg.kda_layers) * cfg.kda_heads)
         title = f"State · KDA layer {layer} · head {h}"
-        parts = []
+        notes = []
         if v.compare:
             twin_layer = v.frame.memory.twin_kv_bytes // max(cfg.num_layers, 1)
-            parts.append(Text(f"compare: in the all-softmax twin this layer is MLA and caches "
+            notes.append(Text(f"compare: in the all-softmax twin this layer is MLA and caches "
                               f"{format_bytes(twin_layer)} at {plural(v.frame.position + 1, 'token')}, + "
                               f"{cfg.mla_cache_width * cfg.dtype_bytes} B per token", style="cyan"))
         if v.recall is not None and v.recall.best_head is not None:
-            parts.append(recall_line(v.recall, v.sim.frames, layer, h))
+            notes.append(recall_line(v.recall, v.sim.frames, layer, h))
         if v.recall is not None and v.recall.kinds is not None:
-            parts.append(carried_line(v.recall))
+            notes.append(carried_line(v.recall))
         if v.pin is not None:
-            parts.append(Text(f"showing the head the recall moment names; j/k/h/H go back to layer {v.layer} "
+            notes.append(Text(f"showing the head the recall moment names; j/k/h/H go back to layer {v.layer} "
                               f"head {v.head}", style="italic"))
         elif layer != v.layer:
-            parts.append(Text(f"layer {v.layer} is gated MLA (softmax, a growing KV cache, no recurrent state); "
+            notes.append(Text(f"layer {v.layer} is gated MLA (softmax, a growing KV cache, no recurrent state); "
                               f"showing the KDA layer below it.", style="italic"))
-        hist = v.sim.state_norm_history(layer, h, upto=v.step)
-        bars = render.decay_beta_bars(rec, h, width=12)
-        # the bars' third column holds the long explanations: one line each, cut with "…" to what is left
-        # of the panel after the label column ("decay α" + gap) and the K-cell sparkline
-        label_and_gaps = len("decay α") + 2
-        for column in bars.columns[2:]:
-            column.no_wrap, column.overflow = True, "ellipsis"
-            column.max_width = max(8, self.inner_width - label_and_gaps - max(cfg.kda_head_dim, 12))
+        S = rec.state[h].astype(np.float32)
+        scale = render.robust_scale(S)
+        cells = render.state_cells(S, scale)
+        side = self.inner_width - S.shape[1] - COLUMN_GAP      # room beside the heatmap
+        if side >= SIDE_COLUMN:
+            right = Group(*self._numbers(v, rec, h, side, stats_beside=False),
+                          state_key(scale, min(33, side)), render.state_legend(S))
+            return title, Group(*notes, SideBySide([(cells, S.shape[1]), (right, side)]))
+        width = self.inner_width
+        return title, Group(*notes, *self._numbers(v, rec, h, width, stats_beside=True), cells,
+                            state_key(scale, min(33, width)), render.state_legend(S))
+
+    def _numbers(self, v: View, rec, h: int, width: int, stats_beside: bool) -> list:
+        """‖S‖ (and its history), the write, the size, then the decay α and the write strength β, for `width`."""
+        cfg = v.config
+        per_head = state_bytes_fixed(cfg).state // (len(cfg.kda_layers) * cfg.kda_heads)
+        hist = v.sim.state_norm_history(rec.layer, h, upto=v.step)
         top = Table.grid(padding=(0, 1))
         top.add_column(style="bold", no_wrap=True, min_width=len("write"))
         top.add_column(no_wrap=True, min_width=len("0.0000"))
         top.add_column(no_wrap=True, overflow="ellipsis", style="dim", ratio=1)
-        spark_room = max(8, self.inner_width - len("write 0.0000 "))   # after the label and value columns
+        spark_room = max(8, width - len("write 0.0000 "))   # after the label and value columns
         top.add_row("‖S‖", f"{float(rec.state_norm[h]):.4f}", render.sparkline(hist[-spark_room:], lo=0.0))
         # the delta-rule write of this token: what it changed beyond decaying the old state (kda.md §2)
         top.add_row("write", f"{float(rec.correction_norm[h]):.4f}", "the delta-rule write")
         top.add_row("size", format_bytes(per_head), "fixed, every token")
-        parts += [
-            top,
-            render.state_heatmap(rec.state[h].astype(np.float32)),
-            bars,
-        ]
-        return title, Group(*parts)
+        label = len("decay α") + 1
+        K = rec.decay.shape[1]
+        if width < label + K:                       # a narrow panel: the sparkline gets a line of its own
+            return [top, decay_beta_lines(rec, h)]
+        beside = stats_beside and width >= label + K + 1 + 24
+        bars = render.decay_beta_bars(rec, h, width=12, norms=False, stats=beside)
+        if beside:              # the decay's numbers beside its K-cell sparkline: one line, cut with "…" to fit
+            for column in bars.columns[2:]:
+                column.no_wrap, column.overflow = True, "ellipsis"
+                column.max_width = width - label - K - 1
+            return [top, bars]
+        decay = rec.decay[h]
+        return [top, bars, Text(f"α min {decay.min():.3f} · mean {decay.mean():.3f} · max {decay.max():.3f}",
+                                style="dim", no_wrap=True, overflow="ellipsis")]
+
+
+def decay_beta_lines(kda, head: int, width: int = 12) -> Group:
+    """render.decay_beta_bars for a narrow column: the decay's label and numbers, its sparkline on a line of its
+    own (K cells), then beta."""
+    decay, beta = kda.decay[head], float(kda.beta[head])
+    return Group(Text.assemble(("decay α ", "bold"), (f"min {decay.min():.3f} · mean {decay.mean():.3f} · max "
+                                                      f"{decay.max():.3f}", "dim"), no_wrap=True, overflow="ellipsis"),
+                 Text(render.sparkline(decay, 0.0, 1.0), style=rgb_style(render.WEIGHT_HIGH), no_wrap=True,
+                      overflow="crop"),
+                 Text.assemble(("beta β ", "bold"), (render.bar(beta, width), rgb_style(render.CHOSEN)),
+                               f" {beta:.3f}"))
+
+
+def no_state_note(cfg) -> str:
+    """What the state panel says for a preset without KDA layers; for a twin, where the hybrid's state is."""
+    if cfg.name.endswith("-twin"):
+        hybrid = cfg.name.removesuffix("-twin")
+        return (f"{cfg.name} is the all-MLA twin of {hybrid}: it has no KDA layers, so no recurrent state to show; "
+                f"p → {hybrid} shows the hybrid's.")
+    return "This preset has no KDA layers."
 
 
 def recall_line(moment, frames: list[Frame], layer: int, head: int) -> Text:
@@ -269,13 +316,13 @@ class DepthPanel(Panel):
             parts.append(answer_line(v.recall, frame))
             marks = {f"L{m.layer} {m.site}": margin_share(m, v.recall.margin) for m in v.recall.top_moves(3)
                      if m.layer >= 0}
-        title = (f"Depth · weights 0 {render.SHADES[1:]} 1" if v.sublayer is None
-                 else f"Depth · {v.sublayer.label}")
+        title = "Depth · AttnRes weights" if v.sublayer is None else f"Depth · {v.sublayer.label}"
         if not reads:
             return title, Group(*parts, Text("standard residual: every sublayer reads the plain running sum "
                                              "(no depth weights)."))
         # the legend first, so a short panel never cuts it: what the rows, columns and shades mean
         parts.append(Text("emb embedding · bN block sums · partial the open block", style="dim"))
+        parts.append(weight_key(self.inner_width))
         console = self.app.console
         above = len(console.render_lines(Group(*parts), console.options.update(width=self.inner_width)))
         # what is left for map rows: the panel less the lines above, the column names, the window line, |h|

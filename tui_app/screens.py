@@ -90,8 +90,8 @@ class PromptScreen(Dialog):
 
 
 class PresetScreen(Dialog):
-    """Another preset (Enter) or nothing (Escape). It opens on the preset after the current one, so Enter
-    always switches; the current one is marked."""
+    """Another preset (↑ ↓, Enter) or nothing (Escape). It opens on the current preset, marked, so Enter alone
+    (or a double Enter after p) changes nothing."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
@@ -108,17 +108,16 @@ class PresetScreen(Dialog):
             options.append(Option(f"{name:<12} {c.num_layers:>3} layers, {c.top_k} of {c.num_experts} experts, "
                                   f"d={c.hidden_size}{kind}{mark}", id=name))
         with Vertical(id="preset-box", classes="dialog"):
-            yield Static("[b]Switch preset[/b] (k3 itself is only counted, never run). Enter picks, Escape "
-                         "cancels.", classes="dialog-label")
+            yield Static("[b]Switch preset[/b] (k3 itself is only counted, never run). ↑ ↓ choose, Enter picks, "
+                         "Escape cancels.", classes="dialog-label")
             yield OptionList(*options, id="preset-list")
 
     def on_mount(self) -> None:
-        self.after_composed(self._highlight_next, "OptionList")
+        self.after_composed(self._highlight_current, "OptionList")
 
-    def _highlight_next(self) -> None:
+    def _highlight_current(self) -> None:
         names = tui_presets()
-        here = names.index(self.current) if self.current in names else -1
-        self.query_one(OptionList).highlighted = (here + 1) % len(names)
+        self.query_one(OptionList).highlighted = names.index(self.current) if self.current in names else 0
 
     @on(OptionList.OptionSelected)
     def pick(self, event: OptionList.OptionSelected) -> None:

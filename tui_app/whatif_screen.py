@@ -21,7 +21,7 @@ from sim.interventions import describe
 from sim.whatif import WhatIf, branch_timeline
 
 from .footer import K3Footer
-from .panel import View, quoted
+from .panel import View, no_twin, quoted, twin_name
 from .panels import DepthPanel, MemoryPanel, RoutingPanel, StatePanel
 from .screens import Dialog
 
@@ -53,23 +53,36 @@ def top_table(before, after) -> Table:
     return table
 
 
-def summary(w: WhatIf, step: int, carried=None) -> Group:
+def carried_sentence(c) -> str:
+    """sim.recall_moment.StillCarried in words (its `sentence`)."""
+    return c.sentence()
+
+
+def summary(w: WhatIf, step: int, carried=None, sim=None) -> Group:
     """The what-if in text: the change, both continuations, step `step`'s top-5, KL and divergence per step;
-    `carried` (sim.recall_moment.StillCarried) says who still holds an answer that a reset left alone."""
+    `carried` (sim.recall_moment.StillCarried) says who still holds an answer that a reset left alone. sim: the
+    run it branched from, to say what its twin is (panel.no_twin, panel.twin_name) beside a window's twin KL."""
     changes = ", ".join(describe(c) for c in w.changes) or "nothing (the original, recomputed)"
     head = Text.assemble(("what if: ", "bold"), changes, f"  ·  at step {w.position}, {w.steps} tokens")
     if carried is not None:
-        head = Text.assemble(head, "\n", ("still carried: ", "bold yellow"), carried.sentence())
+        head = Text.assemble(head, "\n", ("still carried: ", "bold yellow"), carried_sentence(carried))
     runs = Text.assemble(("original: ", "bold"), continuation(w.original), "\n",
                          ("what-if:  ", "bold magenta"), continuation(w.frames))
-    twin = bool(w.twin_kl)                  # a window: the all-MLA twin under the same window, beside
+    why = None if sim is None else no_twin(sim.config)
+    twin = bool(w.twin_kl) and why is None  # a window: the all-MLA twin under the same window, beside
+    name = "twin" if sim is None else twin_name(sim)
     # the title as a line of its own: a table's title wraps to the table's width (3 lines at 80 columns)
     per_step_title = Text("per step: KL(original ‖ what-if) in nats, the first sublayer that diverged"
-                          + (", the twin's KL under the same window" if twin else "") + " (n / b move)",
+                          + (f", the {name}'s KL under the same window" if twin else "") + " (n / b move)",
                           style="italic")
+    if w.twin_kl and why is not None:
+        per_step_title.append(f"\nno twin KL: {why}.", style="italic yellow")
+    elif twin and name != "twin":
+        per_step_title.append(f"\nthe twin has random weights (no trained twin ships for {sim.config.name}): its "
+                              f"KL compares against noise.", style="italic yellow")
     per_step = Table(box=None, pad_edge=False)
-    for name in ("step", "pos", "KL", "first diverged") + (("twin KL",) if twin else ()):
-        per_step.add_column(name)
+    for column in ("step", "pos", "KL", "first diverged") + ((f"{name} KL",) if twin else ()):
+        per_step.add_column(column)
     for s in range(w.steps):
         per_step.add_row(str(s), str(w.position + s), fmt_kl(w.kl[s]), w.first_divergence[s] or SAME,
                          *((fmt_kl(w.twin_kl[s]),) if twin else ()), style="reverse" if s == step else "")
@@ -100,7 +113,7 @@ class WhatIfScreen(Dialog):
     def __init__(self, w: WhatIf, sim, panel: str, layer: int, head: int, carried=None):
         super().__init__()
         self.w, self.panel_name, self.panel_layer, self.panel_head = w, panel, layer, head
-        self.carried = carried
+        self.carried, self.sim = carried, sim
         self.branch = branch_timeline(sim, w)
         self.step = 0
 
@@ -151,7 +164,7 @@ class WhatIfScreen(Dialog):
                     None, False, lit_expert(self.w, self.step, self.panel_layer))
 
     def _draw(self) -> None:
-        self.query_one("#whatif-summary-text", Static).update(summary(self.w, self.step, self.carried))
+        self.query_one("#whatif-summary-text", Static).update(summary(self.w, self.step, self.carried, self.sim))
         panel = self.query_one("#whatif-panel")
         panel.show(self.view())
         panel.border_subtitle = f"the branch, step {self.step} of {self.w.steps - 1}"

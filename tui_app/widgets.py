@@ -11,7 +11,7 @@ from textual.widgets import Static
 from sim import render
 from sim.interventions import describe
 
-from .panel import View, plural, quoted
+from .panel import View, plural, quoted, twin_name
 
 
 class Timeline(Static):
@@ -66,13 +66,14 @@ class StatusLine(Static):
             parts.append(f"layer {app.layer} ({cfg.layer_kinds[app.layer].upper()} · {mlp})")
             parts.append(f"head {app.head}")
             ms = f"{f.step_ms:.1f} ms/step" if app.show_timings else "-- ms/step"
+            twin = twin_name(d.sim)
             if app.compare:
-                ms += f" (twin {f.twin_step_ms:.1f})" if app.show_timings else " (twin --)"
+                ms += f" ({twin} {f.twin_step_ms:.1f})" if app.show_timings else f" ({twin} --)"
             parts += [ms, d.weights, f"device {d.sim.device}"]
         if app.running:
             parts.append("[b green]▶ running[/]")
         if app.compare:
-            parts.append("[b cyan]compare: hybrid vs twin[/]")
+            parts.append(f"[b cyan]compare: hybrid vs {twin_name(d.sim) if d.sim is not None else 'twin'}[/]")
         if d.loading is not None:
             parts.append(f"[b yellow]loading {d.loading.spec.preset} …[/]")
         if d.whatif is not None:
@@ -90,16 +91,22 @@ class ProgressLine(Static):
             if driver.whatif is not None:
                 self.update(what_if_line(driver))
             return
-        what = f"loading {ticket.spec.open_path or ticket.spec.preset} ({ticket.spec.expected_weights()})"
-        if p is None:
-            line = Text(f"{what}: building the model … · Esc cancels", style="bold yellow")
-        else:
-            rate = p.tokens_per_s
-            left = f" · about {(p.total - p.done) / rate:.0f} s left" if rate > 0 and p.done < p.total else ""
-            line = Text.assemble((f"{what}: ", "bold yellow"), f"{p.done:,}/{plural(p.total, 'token')} ",
-                                 (render.bar(p.done / max(p.total, 1), 20), "yellow"),
-                                 f" {p.done / max(p.total, 1):.0%} · {rate:.1f} tokens/s{left} · Esc cancels")
-        self.update(line)
+        self.update(load_line(ticket, p))
+
+
+def load_line(ticket, p) -> Text:
+    """A load in flight: what it loads, then its prompt's tokens so far with a bar and their rate; the time left
+    only once a few tokens have been timed (Progress.seconds_left: building a k3-topo model takes a minute, and
+    the first token's time would promise hours)."""
+    what = f"loading {ticket.spec.open_path or ticket.spec.preset} ({ticket.spec.expected_weights()})"
+    if p is None:
+        return Text(f"{what}: building the model … · Esc cancels", style="bold yellow")
+    left = p.seconds_left
+    timing = (f"{p.rate:.1f} tokens/s · about {left:.0f} s left" if left is not None else
+              f"{p.rate:.1f} tokens/s" if p.rate is not None else "timing the first tokens")
+    return Text.assemble((f"{what}: ", "bold yellow"), f"{p.done:,}/{plural(p.total, 'token')} ",
+                         (render.bar(p.done / max(p.total, 1), 20), "yellow"),
+                         f" {p.done / max(p.total, 1):.0%} · {timing} · Esc cancels")
 
 
 def what_if_line(driver) -> Text:

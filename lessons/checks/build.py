@@ -9,7 +9,9 @@
 Each check compares with the project's own module (tiny_k3.kda, tiny_k3.mla) in float64 and names the usual
 mistake by recomputing it on the same input. `against(check_delta_chunked, step=my_delta_step)` makes B.2 also
 compare with the learner's own step. `run_your_layer(model, prompt, ...)` is the cell after the exercises: the
-model on the lesson's prompt with the learner's function swapped in (tiny_k3.swap), against the model's own.
+model on the lesson's prompt with the learner's function swapped in (tiny_k3.swap), against the model's own. Every
+build exercise runs there: B.2 as the prefill of every KDA head (`chunked_head`), B.3 as the heads, B.4 as the MLA
+layers' attention (refused unless its cache grows by one token a call, `growing`), B.5 as their latent decode.
 
 These register into the same `EXERCISES` as the lessons' own checks (so `hint("B.1")` works once this module is
 imported) but are not in `checks.ALL_CHECKS`: they are a thread of their own, imported from `checks.build`.
@@ -103,6 +105,16 @@ def check_delta_step(fn) -> None:
         right = (f"For this input S_new[0, 0] should be {_fmt(S_ref[0, 0])}; yours is {_fmt(S_new[0, 0])}"
                  f"{_off(S_new, S_ref)}.")
         if not _same(S_new, S_ref):
+            correction = beta[:, None, None] * k[..., None] * (v - torch.einsum("hk,hkv->hv", k, decayed))[:, None, :]
+            flipped = decayed - correction
+            if _same(S_new, flipped):
+                recall_got, recall_ref = (torch.einsum("hk,hkv->hv", k, x) for x in (S_new, S_ref))
+                raise ExerciseError(
+                    "Your correction has the wrong sign: you wrote β k (S'ᵀk − v)ᵀ, which moves each head's memory "
+                    "AWAY from v. The delta rule adds β k (v − S'ᵀk)ᵀ, so that S_newᵀk lands closer to v. Yours is off "
+                    f"by twice the correction: largest difference {float((S_new - S_ref).abs().max()):.3g}, and "
+                    f"S_newᵀk misses v by {float((recall_got - v).norm()):.3g} where the right state misses it by "
+                    f"{float((recall_ref - v).norm()):.3g}.\n  " + right)
             wrong = [(write(g.mean(-1).exp()[:, None, None] * S),
                       "Your decay is one number per head (the mean of g over channels): Gated DeltaNet's. KDA decays "
                       "each key channel d of each head by its own exp(g[h, d])."),
@@ -171,13 +183,29 @@ Checked against tiny_k3.kda.kda_chunked and against your own my_delta_step, in f
     "values minus W times the incoming state. The outputs are the decayed queries against the incoming state plus "
     "P U, with P like A but for q against k, diagonal included. The outgoing state decays the incoming one by the "
     "chunk's total decay and adds the keys decayed to the chunk end, transposed, times U. Mask before taking exp.",
-    "G = g_c.cumsum(1)                                   # [H, C, K] per chunk, heads first\n"
-    "  decay = (G[:, :, None] - G[:, None, :]).masked_fill(~causal[..., None], -inf).exp()   # [H, C, C, K]\n"
-    "  A = beta_c[..., None] * einsum('hrk,hik,hrik->hri', k_c, k_c, decay) * strictly_below\n"
-    "  Tm = solve_triangular(I + A, diag_embed(beta_c), upper=False, unitriangular=True)\n"
-    "  W = Tm @ (k_c * G.exp());  U = Tm @ v_c - W @ S\n"
-    "  o_c = (scale * q_c * G.exp()) @ S + einsum('hrk,hik,hrik->hri', scale * q_c, k_c, decay) @ U\n"
-    "  S = G[:, -1:].transpose(1, 2).exp() * S + (k_c * (G[:, -1:] - G).exp()).transpose(1, 2) @ U"))
+    # the code, whole: it runs as it stands (tests/test_build_exercises.py pastes it and checks it)
+    "def my_delta_chunked(q, k, v, g, beta, scale, chunk_size, S0=None):\n"
+    "    import torch\n"
+    "    T, H, K = q.shape\n"
+    "    S = q.new_zeros(H, K, v.shape[-1]) if S0 is None else S0\n"
+    "    outputs = []\n"
+    "    for start in range(0, T, chunk_size):\n"
+    "        q_c, k_c, v_c, g_c = (x[start:start + chunk_size].transpose(0, 1) for x in (q, k, v, g))  # [H, C, .]\n"
+    "        beta_c = beta[start:start + chunk_size].T                                                # [H, C]\n"
+    "        C = q_c.shape[1]\n"
+    "        G = g_c.cumsum(1)                     # decay from the chunk start, inclusive\n"
+    "        causal = torch.ones(C, C, dtype=torch.bool).tril()\n"
+    "        decay = (G[:, :, None] - G[:, None, :]).masked_fill(~causal[..., None], float('-inf')).exp()\n"
+    "        strictly_below = torch.ones(C, C, dtype=q.dtype).tril(-1)\n"
+    "        A = beta_c[..., None] * torch.einsum('hrk,hik,hrik->hri', k_c, k_c, decay) * strictly_below\n"
+    "        eye = torch.eye(C, dtype=q.dtype).expand(H, C, C)\n"
+    "        Tm = torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta_c), upper=False, unitriangular=True)\n"
+    "        W = Tm @ (k_c * G.exp())\n"
+    "        U = Tm @ v_c - W @ S\n"
+    "        P = torch.einsum('hrk,hik,hrik->hri', scale * q_c, k_c, decay)\n"
+    "        outputs.append(((scale * q_c * G.exp()) @ S + P @ U).transpose(0, 1))\n"
+    "        S = G[:, -1:].transpose(1, 2).exp() * S + (k_c * (G[:, -1:] - G).exp()).transpose(1, 2) @ U\n"
+    "    return torch.cat(outputs), S"))
 def check_delta_chunked(fn, step=None) -> None:
     from tiny_k3.kda import kda_chunked
 
@@ -218,7 +246,10 @@ def check_delta_chunked(fn, step=None) -> None:
         if matches:
             continue
         right = f"For this input o[-1, 0] should be {_fmt(o_ref[-1, 0])}; yours is {_fmt(o[-1, 0])}{_off(o, o_ref)}."
-        wrong = [(_recurrence(q, k, v, g, beta, 1.0, S0), "You left out the scale: o = Sᵀ (scale · q)."),
+        wrong = [(_recurrence(q, k, v, g, -beta, scale, S0), "Your correction has the wrong sign: each write must add "
+                  "β k (v − S'ᵀk)ᵀ, moving the memory towards v; yours subtracts it (the same as a negative β), "
+                  "so every token's write pushes the state away from its value."),
+                 (_recurrence(q, k, v, g, beta, 1.0, S0), "You left out the scale: o = Sᵀ (scale · q)."),
                  (_recurrence(q, k, v, g, beta, scale), "The incoming state S0 is missing: the first chunk starts "
                   "from S0 (its U subtracts W S0, and its outputs add the decayed queries against S0)."),
                  (_per_chunk_from(S0, q, k, v, g, beta, scale, C), "Each chunk starts from S0 again: carry the state. "
@@ -283,14 +314,14 @@ def check_kda_head(fn) -> None:
     from tiny_k3.kda import kda_gate
 
     def head_ref(q, k, v, g_raw, beta_logit, A_log, dt_bias, lb, S0, *, norm_eps=1e-6, gate=True, sig=True,
-                 scale=None):
+                 scale=None, sign=1.0):
         """The head as the layer computes it; the keywords recompute the usual mistakes."""
         K = q.shape[-1]
         if norm_eps is not None:
             q = q / torch.sqrt(q.pow(2).sum(-1, keepdim=True) + norm_eps)
             k = k / torch.sqrt(k.pow(2).sum(-1, keepdim=True) + norm_eps)
         g = kda_gate(g_raw.view(1, -1, 1, K), A_log.view(1), dt_bias, lb)[0, :, 0] if gate else g_raw
-        beta = torch.sigmoid(beta_logit) if sig else beta_logit
+        beta = sign * (torch.sigmoid(beta_logit) if sig else beta_logit)     # sign -1: the write's sign flipped
         o, S = _recurrence(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                            K ** -0.5 if scale is None else scale, None if S0 is None else S0[None])
         return o[:, 0], S[0]
@@ -322,6 +353,8 @@ def check_kda_head(fn) -> None:
                  (dict(gate=False), "g_raw is the gate's raw projection, not a log decay yet: pass it through the "
                   "gate (exercise 2.2) with this head's A_log and dt_bias."),
                  (dict(sig=False), "beta_logit is a logit: β = sigmoid(beta_logit), a write strength in (0, 1)."),
+                 (dict(sign=-1.0), "Your step's correction has the wrong sign: it subtracts β k (v − S'ᵀk)ᵀ, pushing "
+                  "the memory away from each value. Run check_delta_step on your my_delta_step (B.1)."),
                  (dict(scale=1.0), "The read is scaled: o = Sᵀ (K^-0.5 · q).")]
         if lb is not None:
             unbounded = head_ref(q, k, v, -A_log.exp() * F.softplus(g_raw + dt_bias), beta_logit, A_log, dt_bias,
@@ -487,20 +520,84 @@ def check_mla_decode(fn) -> None:
 
 # ---------------------------------------------------------------------------- the model on the learner's layer
 
+CHUNK = 8          # chunk size the model's prefill uses with the learner's chunked form: several chunks, a short last
+
+
+def growing(attention):
+    """The learner's attention (B.4) as the model calls it, refusing a cache that does not grow by exactly the new
+    token: tiny_k3.swap rebuilds a cache of the wrong length from the model's own latents before the next token, so a
+    function that never appends would otherwise give the model's logits while its cache held nothing."""
+
+    @functools.wraps(attention)
+    def guarded(cache, q, k, v, scale):
+        before = 0 if cache is None else int(cache[0].shape[0])
+        o, new = attention(cache, q, k, v, scale)
+        length = ([int(t.shape[0]) if isinstance(t, torch.Tensor) and t.dim() else None for t in new]
+                  if isinstance(new, (tuple, list)) and len(new) == 2 else None)
+        if length != [before + 1, before + 1]:
+            got = ("None" if new is None else f"keys and values of {length[0]} and {length[1]} tokens" if length
+                   else f"a {type(new).__name__}")
+            raise ExerciseError(
+                f"Your KV cache does not grow: given the keys and values of {before} token{'s' * (before != 1)}, your "
+                f"function returned {got}; after this token the cache must hold {before + 1}, the new key and value "
+                "appended last. (The model would rebuild a cache of the wrong length from its own latents before the "
+                "next token, and the logits would match while your cache kept nothing: so this cell refuses it.)")
+        if before and not (_same(new[0][:before], cache[0]) and _same(new[1][:before], cache[1])):
+            raise ExerciseError("Your KV cache grew by one token but changed the tokens before it: append the new key "
+                                "and value, and keep the cached ones as they are.")
+        if not (_same(new[0][-1], k) and _same(new[1][-1], v)):
+            raise ExerciseError("The last token of your KV cache is not the new key and value: append k and v as given "
+                                "(the cache's new row is this token's).")
+        return o, new
+
+    return guarded
+
+
+def chunked_head(chunked, chunk_size: int = CHUNK):
+    """A KDA head (tiny_k3.swap's kda_head signature) whose sequence runs through the learner's chunked form (B.2):
+    the layer's own conventions around it (q/k L2 norm with 1e-6 inside the root, the gate, β = sigmoid, scale
+    K^-0.5; kda.md §3), the tokens `chunk_size` at a time through `chunked` as one head (H = 1)."""
+    from tiny_k3.kda import kda_gate
+
+    @functools.wraps(chunked)
+    def head(q, k, v, g_raw, beta_logit, A_log, dt_bias, lower_bound, S0=None):
+        K = q.shape[-1]
+        q = q / torch.sqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+        g = kda_gate(g_raw.view(1, -1, 1, K), A_log.view(1), dt_bias, lower_bound)[0, :, 0]
+        o, S = chunked(q[:, None], k[:, None], v[:, None], g[:, None], torch.sigmoid(beta_logit)[:, None], K ** -0.5,
+                       chunk_size, None if S0 is None else S0[None])
+        return o[:, 0], S[0]
+
+    return head
+
+
 def run_your_layer(model, prompt: str, **yours):
     """The model on `prompt` with the learner's functions swapped in (tiny_k3.swap), against its own logits.
 
-    Prints the comparison at TOLERANCE and returns the SwapComparison, or None (after saying why) while a function
-    is not written yet or fails inside the model."""
+    Roles: kda_head= (B.3), attention= (B.4: its cache must grow by the new token at every call, `growing`),
+    mla_decode= (B.5), and delta_chunked= (B.2: every KDA layer's prefill through the learner's chunked form, the
+    layer's own conventions around it, `chunked_head`). Prints the comparison at TOLERANCE and returns the
+    SwapComparison, or None (after saying why) while a function is not written yet or fails inside the model."""
     from tiny_k3.swap import compare
     from tiny_k3.tokenizer import encode, token_text
 
     names = ", ".join(f"{getattr(fn, '__name__', 'your function')} as {role}" for role, fn in yours.items())
+    swaps = dict(yours)
+    if "delta_chunked" in swaps:
+        if "kda_head" in swaps:
+            raise ValueError("run_your_layer: give kda_head= or delta_chunked=, not both: both replace the KDA heads.")
+        swaps["kda_head"] = chunked_head(swaps.pop("delta_chunked"))
+    if "attention" in swaps:
+        swaps["attention"] = growing(swaps["attention"])
     tokens = torch.tensor([encode(prompt)])
     try:
-        result = compare(model, tokens, **yours)
+        result = compare(model, tokens, **swaps)
     except NotImplementedError:
         print(f"… not yet: write the exercise above first; then this cell runs the model with {names}.")
+        return None
+    except ExerciseError as exc:
+        print(f"✗ the model ran with {names} and stopped: {exc}")
         return None
     except Exception as exc:
         print(f"✗ the model ran with {names} and your function raised {type(exc).__name__}: {exc}\n"

@@ -71,6 +71,14 @@ def check_kda_step(fn) -> None:
                 raise ExerciseError("g is a *log* decay: multiply the rows by exp(g), not by g.\n  " + right)
             if _close(S_new, update(S), atol=1e-9):
                 raise ExerciseError("You never decayed the state. First S' = Diag(exp g) S, then write.\n  " + right)
+            flipped = decayed - beta * torch.outer(k, v - decayed.T @ k)
+            if _close(S_new, flipped, atol=1e-9):
+                raise ExerciseError(
+                    "Your correction has the wrong sign: you wrote β·k (S'ᵀk − v)ᵀ, which moves the memory AWAY from v. "
+                    "The delta rule adds β·k (v − S'ᵀk)ᵀ, so that S_newᵀk lands closer to v. Yours is off by twice "
+                    f"the correction: largest difference {float((S_new - S_ref).abs().max()):.3g}, and S_newᵀk misses "
+                    f"v by {float((S_new.T @ k - v).norm()):.3g} where the right state misses it by "
+                    f"{float((S_ref.T @ k - v).norm()):.3g}.\n  " + right)
             if _close(S_new, update(decayed, delta=False), atol=1e-9):
                 raise ExerciseError(
                     "You wrote β·k vᵀ — linear attention's update, which piles new values on top of old ones. "

@@ -133,8 +133,10 @@ Checked against tiny_k3.recall.wilson_interval, which every recall figure of the
 """,
           hints=("The Wilson interval solves for the proportions that the observed p would not reject: its centre "
                  "is pulled from p towards ½, and its width keeps a floor even when p is 0 or 1.",
-                 "With p the share hits / n: centre = (p + z²/(2n)) / (1 + z²/n); half-width = z / (1 + z²/n) × "
-                 "√(p(1 − p)/n + z²/(4n²)). The interval is centre ∓ half-width, clipped to [0, 1]. Two floats.",
+                 "Wilson's interval is every true share π that the observed share p (hits of n) lies within z standard "
+                 "errors of, the error taken at π (not at p): |p − π| ≤ z √(π(1 − π)/n). Square both sides and it is "
+                 "a quadratic inequality in π, (1 + z²/n) π² − (2p + z²/n) π + p² ≤ 0; its two roots are low and "
+                 "high. Solve it with the quadratic formula, and keep the roots in [0, 1].",
                  "p = hits / n;  centre = (p + z * z / (2 * n)) / (1 + z * z / n)\n"
                  "  half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))\n"
                  "  return max(0.0, centre - half), min(1.0, centre + half)"))

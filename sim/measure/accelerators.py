@@ -29,5 +29,6 @@ ACCELERATORS: tuple[Accelerator, ...] = (
 )
 
 # The claim and the measurement it comes from (k3_facts.md §0): Moonshot's "up to 6.3x faster decoding in
-# million-token contexts" (S14) is Kimi Linear's TPOT at 1M, 11.48 ms (full MLA) vs 1.84 ms (S16, S34).
+# million-token contexts" (S14) names no baseline; its number matches Kimi Linear's TPOT at 1M, 11.48 ms (full MLA)
+# vs 1.84 ms (S16, S34). The whole story, told once: sim.serving_text.claim_story().
 REPORTED_SPEEDUP = 6.3

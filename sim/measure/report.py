@@ -243,7 +243,8 @@ def _roofline_table(m: Measurement, console: Console) -> None:
 def _closing_lines(m: Measurement, console: Console) -> None:
     """The reported figure beside the layer-count ceiling and sim.serving's, the reading, the memory peak."""
     n = m.tokens[-1]
-    console.print(f"reported: up to {REPORTED_SPEEDUP:g}x (Moonshot, k3_facts.md S14), which is Kimi Linear's TPOT at 1M: "
+    console.print(f"reported: up to {REPORTED_SPEEDUP:g}x (Moonshot, no baseline named, S14; its story: k3_facts.md §0), "
+                  f"whose number matches Kimi Linear's TPOT at 1M: "
                   f"{kimi_linear_tpot_speedup():.2f}x (S16, S34) · layer-count ceiling {layer_ceiling(m):.2f}x · "
                   f"sim.serving roofline (release format, 64xH200, batch 1) at {n:,}: {cost_model_speedup(n):.2f}x",
                   highlight=False)
