@@ -1,11 +1,19 @@
-"""The TUI's latency: `n` keypress to the new step on screen, the warm first frame, a 2,000-byte prompt's load.
+"""The TUI's latency: `n` keypress to the new step on screen, the warm first frame, a 2,000-byte prompt's load;
+and with --startup, `python3 dev.py run` from the shell to its first screen and its first frame.
 
     python bench/bench_tui.py [--presets small k3-topo] [--presses 15] [--threads 2] [--prompt-bytes 2000]
+    python bench/bench_tui.py --startup 5 [--tree DIR ...]      # POSIX: through a pseudo-terminal, nothing else
 
 Driven headless with Textual's Pilot at 160x48. The clock starts before `pilot.press("n")` and stops at the
 first screen update that shows the new step, turned into terminal output as a real terminal driver would
 (the headless driver skips that part, so this script renders it into a buffer), with the UI idle again.
 The look-ahead the driver computes in the background afterwards is not counted: that is the point of it.
+
+--startup runs what a learner types, `python3 dev.py run` (python3 from PATH, .venv already set up), in a
+pseudo-terminal of the same size, with OMP_NUM_THREADS and MKL_NUM_THREADS removed as a plain shell has them:
+the clock runs from the start to the first screen (the status line's "loading") and to the first frame on it
+(the timeline's "· position"), then q quits. Each --tree (a checkout with its .venv; default this one) is run
+in turn, round after round, so trees compared in one run see the same load.
 
 Targets (issue 13): small median <= 100 ms and p90 <= 150 ms; k3-topo median <= 200 ms; warm first frame
 <= 2 s. Wall-clock numbers on a shared machine are inflated by its load, printed first; the UI thread's CPU
@@ -19,6 +27,9 @@ import asyncio
 import io
 import os
 import pathlib
+import re
+import shutil
+import signal
 import statistics
 import sys
 import time
@@ -136,6 +147,83 @@ async def long_prompt(preset: str, nbytes: int, timeout: float) -> None:
     print(summary("b -> step on screen", times))
 
 
+SCREEN_MARKS = {"first screen": "loading".encode(), "first frame": "· position".encode()}
+ESCAPES = re.compile(rb"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][0-9A-B]|[=>78MDEc])")
+
+
+def startup(tree: pathlib.Path, timeout: float) -> dict[str, float]:
+    """Seconds from `python3 dev.py run` started in `tree` (a pseudo-terminal of SIZE) to each of SCREEN_MARKS
+    appearing on its screen; then q, and the process group is ended should it not quit."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["TERM"] = "xterm-256color"
+    start = time.perf_counter()
+    pid, fd = pty.fork()
+    if pid == 0:                                          # the child: the terminal's size, then dev.py
+        try:
+            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+            os.chdir(tree)
+            os.execvpe(shutil.which("python3") or "python3", ["python3", "dev.py", "run"], env)
+        finally:
+            os._exit(127)                                 # never back into the caller's code in a forked copy
+    seen, screen, deadline, exited = {}, b"", time.monotonic() + timeout, False
+    try:
+        while len(seen) < len(SCREEN_MARKS) and time.monotonic() < deadline:
+            if not select.select([fd], [], [], 0.1)[0]:
+                continue
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError:                               # the terminal closed: the command has exited
+                break
+            if not chunk:
+                break
+            screen += chunk
+            text = ESCAPES.sub(b"", screen)
+            for name, mark in SCREEN_MARKS.items():
+                if name not in seen and mark in text:
+                    seen[name] = time.perf_counter() - start
+        try:
+            os.write(fd, b"q")
+        except OSError:
+            pass                                          # it has exited already
+        quit_by = time.monotonic() + 10
+        while time.monotonic() < quit_by and not exited:
+            exited = os.waitpid(pid, os.WNOHANG) != (0, 0)
+            if not exited and select.select([fd], [], [], 0.1)[0]:
+                try:
+                    os.read(fd, 1 << 16)                  # keep draining: a full terminal would block its exit
+                except OSError:
+                    pass
+    finally:
+        if not exited and os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.killpg(pid, signal.SIGTERM)                # the group this call started (dev.py and its TUI)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    missing = [name for name in SCREEN_MARKS if name not in seen]
+    if missing:
+        raise TimeoutError(f"{tree}: no {' or '.join(missing)} within {timeout:.0f} s")
+    return seen
+
+
+def bench_startup(trees: list[pathlib.Path], rounds: int, timeout: float) -> None:
+    """`python3 dev.py run` to the first screen and the first frame, each tree in turn, `rounds` times; medians."""
+    times: dict[pathlib.Path, list[dict[str, float]]] = {tree: [] for tree in trees}
+    for r in range(rounds):
+        for tree in trees:
+            load = os.getloadavg()[0]
+            times[tree].append(startup(tree, timeout))
+            marks = ", ".join(f"{name} {t:.2f} s" for name, t in times[tree][-1].items())
+            print(f"  round {r + 1} {tree}: {marks} (load average {load:.1f} at its start)", flush=True)
+    for tree in trees:
+        medians = ", ".join(f"{name} {statistics.median(t[name] for t in times[tree]):.2f} s" for name in SCREEN_MARKS)
+        print(f"median of {rounds}, {tree}: {medians}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--presets", nargs="+", default=["small", "k3-topo"])
@@ -143,8 +231,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the targets are for 2 cores)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--prompt-bytes", type=int, default=2000, help="the long prompt's size (0: skip it)")
+    parser.add_argument("--startup", type=int, default=0, metavar="ROUNDS",
+                        help="only `python3 dev.py run` to its first screen and frame, ROUNDS times per tree")
+    parser.add_argument("--tree", type=pathlib.Path, action="append",
+                        help="with --startup: a checkout to start (repeatable; default: this one)")
     args = parser.parse_args()
     print(provenance_line())
+    if args.startup:
+        print(f"`python3 dev.py run` to the first screen and frame, pseudo-terminal {SIZE[0]}x{SIZE[1]}, "
+              f"{os.cpu_count()} CPUs, no OMP_NUM_THREADS (load averages per run below)")
+        bench_startup(args.tree or [pathlib.Path(__file__).resolve().parents[1]], args.startup, args.timeout)
+        return
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"TUI latency, headless Pilot at {SIZE[0]}x{SIZE[1]}, torch threads {args.threads}, {os.cpu_count()} CPUs, "

@@ -5,20 +5,16 @@ terminal (`Console().print(x)`), in Textual (`Static(x)`) and in Jupyter (all of
 JupyterMixin). Dense pictures draw two cells per text line with the upper half block "▀" (foreground =
 upper cell, background = lower cell), so K3's 896 experts fit as 56 x 16 cells in 8 lines. Without colour
 (a plain or piped terminal) they fall back to glyphs that still carry the point: █▀▄ mark the chosen
-experts, ░▒▓█ the magnitude of a state or a depth weight.
+experts, ░▒▓█ the magnitude of a state or a depth weight. The colours, maps and glyphs themselves are
+sim.render_cells'.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
-from rich.color import Color
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.jupyter import JupyterMixin
-from rich.measure import Measurement
-from rich.style import Style
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -27,101 +23,9 @@ from tiny_k3.tokenizer import token_text
 
 from .frame import Frame, KDARecord, RoutingRecord
 from .memory import MIB_CONTEXT, crossover_tokens, format_bytes, project_to_k3
+from .render_cells import (BIAS_CHOSEN, CHOSEN, DARK, SCORE_HIGH, WEIGHT_HIGH, ByColour, bar, half_blocks, lerp,
+                           rgb_style, robust_scale, shade, sparkline, state_colour, weight_style)
 from .serving import bytes_held_ratio
-
-SPARK = "▁▂▃▄▅▆▇█"
-SHADES = " ░▒▓█"
-EIGHTHS = " ▏▎▍▌▋▊▉█"
-
-DARK = (28, 30, 40)            # an empty or zero cell
-SCORE_HIGH = (70, 130, 220)    # an unchosen expert with the highest score
-CHOSEN = (255, 196, 40)        # a chosen expert
-BIAS_CHOSEN = (235, 80, 200)   # chosen thanks to the selection bias (not in the top-k of the raw scores)
-POSITIVE = (235, 70, 50)
-NEGATIVE = (60, 130, 240)
-WEIGHT_HIGH = (80, 220, 120)
-
-RGB = tuple[int, int, int]
-
-
-# ---------------------------------------------------------------------------- building blocks
-
-
-class ByColour(JupyterMixin):
-    """Draw `colour()` on a console with colours and `mono()` on one without (a pipe, NO_COLOR, a test)."""
-
-    def __init__(self, colour: Callable[[], RenderableType], mono: Callable[[], RenderableType]):
-        self.colour, self.mono = colour, mono
-
-    def _pick(self, console: Console) -> RenderableType:
-        return self.colour() if console.color_system else self.mono()
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self._pick(console)
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, self._pick(console))
-
-
-def _lerp(a: RGB, b: RGB, t: float) -> RGB:
-    t = min(max(float(t), 0.0), 1.0)
-    return tuple(round(x + (y - x) * t) for x, y in zip(a, b))
-
-
-def _style(fg: RGB | None, bg: RGB | None = None) -> Style:
-    return Style(color=None if fg is None else Color.from_rgb(*fg), bgcolor=None if bg is None else Color.from_rgb(*bg))
-
-
-def half_blocks(cells: list[list[RGB | None]]) -> Text:
-    """Rows of RGB cells (None = empty) -> Text with two cell rows per line ("▀": fg upper, bg lower)."""
-    out = Text(no_wrap=True, overflow="crop")
-    for r in range(0, len(cells), 2):
-        upper, lower = cells[r], cells[r + 1] if r + 1 < len(cells) else [None] * len(cells[r])
-        if r:
-            out.append("\n")
-        for u, lo in zip(upper, lower):
-            if u is None and lo is None:
-                out.append(" ")
-            elif u is None:
-                out.append("▄", _style(lo))
-            else:
-                out.append("▀", _style(u, lo))
-    return out
-
-
-def shade(t: float) -> str:
-    """A magnitude in [0, 1] as one of ' ░▒▓█' (0 stays blank only when it is exactly 0)."""
-    if not t > 0:
-        return SHADES[0]
-    return SHADES[min(len(SHADES) - 1, 1 + int(t * (len(SHADES) - 1)))]
-
-
-def sparkline(values, lo: float | None = None, hi: float | None = None) -> str:
-    """One character per value, ▁ (lowest) to █ (highest), scaled to [lo, hi] (default: the values' range)."""
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    if v.size == 0:
-        return ""
-    finite = v[np.isfinite(v)]
-    lo = float(finite.min()) if lo is None and finite.size else (0.0 if lo is None else lo)
-    hi = float(finite.max()) if hi is None and finite.size else (1.0 if hi is None else hi)
-    span = hi - lo
-    out = []
-    for x in v:
-        if not np.isfinite(x):
-            out.append(" ")
-        elif span <= 0:
-            out.append(SPARK[len(SPARK) // 2 - 1])
-        else:
-            out.append(SPARK[min(len(SPARK) - 1, max(0, round((x - lo) / span * (len(SPARK) - 1))))])
-    return "".join(out)
-
-
-def bar(fraction: float, width: int = 20) -> str:
-    """A horizontal bar of `width` characters filled to `fraction` in eighths of a character."""
-    f = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else 0.0
-    eighths = round(f * width * 8)
-    full, part = divmod(eighths, 8)
-    return ("█" * full + (EIGHTHS[part] if part else "")).ljust(width)
 
 
 # ---------------------------------------------------------------------------- routing
@@ -170,7 +74,7 @@ def expert_grid(routing: RoutingRecord, num_experts: int | None = None, columns:
                 elif chosen[i]:
                     row.append(CHOSEN if raw_top[i] else BIAS_CHOSEN)
                 else:
-                    row.append(_lerp(DARK, SCORE_HIGH, shade[i]))
+                    row.append(lerp(DARK, SCORE_HIGH, shade[i]))
             cells.append(row)
         return _with_legend(half_blocks(cells), "")
 
@@ -222,56 +126,9 @@ def expert_load_bars(load: np.ndarray, top: int = 16, width: int = 24) -> Group:
     for e in order:
         if load[e] == 0:
             break
-        t.add_row(f"#{int(e)}", Text(bar(load[e] / peak, width), style=_style(CHOSEN)), str(int(load[e])))
+        t.add_row(f"#{int(e)}", Text(bar(load[e] / peak, width), style=rgb_style(CHOSEN)), str(int(load[e])))
     return Group(head, t)
 
-
-# ---------------------------------------------------------------------------- colour maps and their keys
-
-# The state's diverging map: dark at 0, through red and orange to pale yellow for S > 0 and through blue to pale
-# cyan for S < 0, so both ends are bright on a dark background. Stops are (t, RGB) with t = sqrt(|S| / scale).
-STATE_POSITIVE = ((0.0, DARK), (0.3, (140, 45, 45)), (0.65, (235, 110, 45)), (1.0, (255, 230, 120)))
-STATE_NEGATIVE = ((0.0, DARK), (0.3, (40, 70, 160)), (0.65, (45, 155, 240)), (1.0, (160, 235, 255)))
-STATE_PERCENTILE = 99      # the state's colour scale: this percentile of |S| (robust to a few huge entries)
-# The depth weights' map: dark at 0 through green to pale green at 1, t = sqrt(weight).
-WEIGHT_RAMP = ((0.0, DARK), (0.3, (35, 100, 70)), (0.65, (70, 200, 115)), (1.0, (200, 255, 180)))
-
-
-def _ramp(stops, t: float) -> RGB:
-    """The colour at t in [0, 1] of a map given as (t, RGB) stops, linear between them."""
-    t = min(max(float(t), 0.0), 1.0)
-    for (a, ca), (b, cb) in zip(stops, stops[1:]):
-        if t <= b:
-            return _lerp(ca, cb, (t - a) / (b - a))
-    return stops[-1][1]
-
-
-def robust_scale(values, percentile: float = STATE_PERCENTILE) -> float:
-    """The colour scale of a picture of `values`: that percentile of |values|, so a handful of large entries do
-    not turn every other cell dark (they are drawn at full colour); the largest |value| where the percentile is
-    0, and 1.0 for an all-zero picture."""
-    a = np.abs(np.asarray(values, dtype=np.float64)).reshape(-1)
-    a = a[np.isfinite(a)]
-    if not a.size:
-        return 1.0
-    p = float(np.percentile(a, percentile))
-    return p if p > 0 else float(a.max()) if a.max() > 0 else 1.0
-
-
-def state_colour(x: float, scale: float) -> RGB:
-    """One state entry's colour on a symmetric scale of ±scale: sqrt-compressed, so small entries still show."""
-    t = math.sqrt(min(abs(float(x)) / scale, 1.0)) if scale > 0 and math.isfinite(x) else 0.0
-    return _ramp(STATE_POSITIVE if x >= 0 else STATE_NEGATIVE, t)
-
-
-def weight_colour(w: float) -> RGB:
-    """A depth weight in [0, 1] as a colour: dark at 0, green, pale green at 1 (sqrt-compressed, so 0.05 shows)."""
-    return _ramp(WEIGHT_RAMP, math.sqrt(min(max(float(w), 0.0), 1.0)) if math.isfinite(w) else 0.0)
-
-
-def weight_style(w: float) -> Style:
-    """A depth weight in [0, 1] as a style (weight_colour)."""
-    return _style(weight_colour(w))
 
 
 # ---------------------------------------------------------------------------- KDA
@@ -329,13 +186,13 @@ def decay_beta_bars(kda: KDARecord, head: int, width: int = 20, norms: bool = Tr
     t.add_column(style="bold", no_wrap=True)
     t.add_column(no_wrap=True)
     t.add_column(style="dim")
-    t.add_row("decay α", Text(sparkline(decay, 0.0, 1.0), style=_style(WEIGHT_HIGH)),
+    t.add_row("decay α", Text(sparkline(decay, 0.0, 1.0), style=rgb_style(WEIGHT_HIGH)),
               f"per key channel, 0..1 · min {decay.min():.3f} mean {decay.mean():.3f} max {decay.max():.3f}"
               if stats else "")
     if stats:
-        t.add_row("beta β", Text(bar(beta, width), style=_style(CHOSEN)), f"{beta:.3f}")
+        t.add_row("beta β", Text(bar(beta, width), style=rgb_style(CHOSEN)), f"{beta:.3f}")
     else:                                   # its number right after the bar: the row is no wider than the decay's
-        t.add_row("beta β", Text.assemble((bar(beta, width), _style(CHOSEN)), f" {beta:.3f}"), "")
+        t.add_row("beta β", Text.assemble((bar(beta, width), rgb_style(CHOSEN)), f" {beta:.3f}"), "")
     if norms:
         t.add_row("‖S‖", f"{float(kda.state_norm[head]):.4f}",
                   f"write ‖S - Diag(α) S_prev‖ {float(kda.correction_norm[head]):.4f}")
@@ -363,9 +220,9 @@ def memory_bars(frame: Frame, config: K3Config, width: int = 30) -> Table:
     for title, hybrid, twin in groups:
         top = max(hybrid, twin, 1)
         t.add_row(Text(title, style="bold"), "", "", "")
-        t.add_row("  hybrid (KDA + MLA)", Text(bar(hybrid / top, width), style=_style(WEIGHT_HIGH)),
+        t.add_row("  hybrid (KDA + MLA)", Text(bar(hybrid / top, width), style=rgb_style(WEIGHT_HIGH)),
                   format_bytes(hybrid), "")
-        t.add_row("  all-MLA twin", Text(bar(twin / top, width), style=_style(SCORE_HIGH)),
+        t.add_row("  all-MLA twin", Text(bar(twin / top, width), style=rgb_style(SCORE_HIGH)),
                   format_bytes(twin), _ratio(twin / hybrid) if hybrid else "")
     return t
 

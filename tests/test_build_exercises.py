@@ -313,8 +313,8 @@ def test_b2_runs_inside_the_model(small64, capsys):
 
 @pytest.mark.parametrize("kind", ["keeps the old cache", "keeps only the new token", "drops the oldest token"])
 def test_b4_a_cache_that_does_not_grow_fails_inside_the_model_and_says_why(small64, kind, capsys):
-    """tiny_k3.swap rebuilds a cache of the wrong length from the model's latents before the next token, so a
-    function that never appends would give the model's own logits: the model cell must refuse it, and say why."""
+    """A function whose cache does not grow by the new token: the model cell refuses it and says why, in the
+    lesson's words (before tiny_k3.swap's own check of the length)."""
     def attend(cache, q, k, v, scale):
         o, grown = solutions.attend_with_cache(cache, q, k, v, scale)        # attends over all tokens, as it should
         if kind == "keeps the old cache":
@@ -327,7 +327,7 @@ def test_b4_a_cache_that_does_not_grow_fails_inside_the_model_and_says_why(small
     assert run_your_layer(small64, workshop_prompt(), attention=attend) is None
     out = capsys.readouterr().out
     assert "✗" in out and "Your KV cache does not grow" in out and "the same function" not in out, out
-    assert "rebuild a cache of the wrong length from its own latents" in out
+    assert "it must hold every token so far" in out
 
 
 def test_b4_a_cache_that_grows_but_rewrites_the_past_fails_inside_the_model(small64, capsys):

@@ -1,6 +1,6 @@
 """dev.py's commands: `test` (the suite, then for whole-suite runs the fast-path tests on other BLAS kernels;
 `--quick`, a sample with every module imported), and torch from PyTorch's CPU index first with a quick fallback
-(the install and the wheelhouse; pip is never started here: subprocess.run is a fake)."""
+(the install and the wheelhouse, devkit/; pip is never started here: subprocess.run is a fake)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import dev
+from devkit import torch_index, wheelhouse
 
 
 def test_the_whole_suite_also_runs_the_fast_path_tests_on_mkl_avx2_kernels():
@@ -55,7 +56,7 @@ def assert_one_quick_try(argv, index=CLOSED_INDEX):
 
 
 def test_torch_comes_from_the_cpu_index_first_and_nothing_else_when_that_works(monkeypatch, capsys):
-    monkeypatch.setattr(dev, "TORCH_CPU_INDEX", CLOSED_INDEX)
+    monkeypatch.setattr(torch_index, "TORCH_CPU_INDEX", CLOSED_INDEX)
     run = FakeRun(0)
     monkeypatch.setattr(dev.subprocess, "run", run)
     dev.install_torch(["pip", "install"])
@@ -65,7 +66,7 @@ def test_torch_comes_from_the_cpu_index_first_and_nothing_else_when_that_works(m
 
 
 def test_an_unreachable_cpu_index_is_one_line_then_the_default_index_at_once(monkeypatch, capsys):
-    monkeypatch.setattr(dev, "TORCH_CPU_INDEX", CLOSED_INDEX)
+    monkeypatch.setattr(torch_index, "TORCH_CPU_INDEX", CLOSED_INDEX)
     run = FakeRun(1, 0)
     monkeypatch.setattr(dev.subprocess, "run", run)
     dev.install_torch(["pip", "install"])
@@ -78,19 +79,19 @@ def test_an_unreachable_cpu_index_is_one_line_then_the_default_index_at_once(mon
 
 
 def test_the_wheelhouse_fetches_torch_the_same_way(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(dev, "TORCH_CPU_INDEX", CLOSED_INDEX)
-    monkeypatch.setattr(dev, "_this_platform", lambda: "windows-x86_64")
-    torch_cmd, _ = dev.wheelhouse_commands(tmp_path, "windows-x86_64", "3.11")
+    monkeypatch.setattr(torch_index, "TORCH_CPU_INDEX", CLOSED_INDEX)
+    monkeypatch.setattr(wheelhouse, "_this_platform", lambda: "windows-x86_64")
+    torch_cmd, _ = wheelhouse.wheelhouse_commands(tmp_path, "windows-x86_64", "3.11")
     assert_one_quick_try(torch_cmd)
     assert torch_cmd[-1] == "torch==2.13.0+cpu"
     run = FakeRun(0)
     monkeypatch.setattr(dev.subprocess, "run", run)
-    assert dev.fetch_torch(torch_cmd, "windows-x86_64", tmp_path) and len(run.calls) == 1
+    assert wheelhouse.fetch_torch(torch_cmd, "windows-x86_64", tmp_path) and len(run.calls) == 1
     assert (tmp_path / "constraints.txt").read_text() == "torch==2.13.0+cpu\n"
     # unreachable: one line, then at once the default index, whose Windows torch is CPU-only (unlabelled)
     run = FakeRun(1, 0)
     monkeypatch.setattr(dev.subprocess, "run", run)
-    assert dev.fetch_torch(torch_cmd, "windows-x86_64", tmp_path)
+    assert wheelhouse.fetch_torch(torch_cmd, "windows-x86_64", tmp_path)
     fallback = run.calls[1]
     assert "--index-url" not in fallback and "--retries" not in fallback and fallback[-1] == "torch==2.13.0"
     assert fallback[:fallback.index("--no-deps") + 1] == torch_cmd[:torch_cmd.index("--no-deps") + 1]
@@ -102,11 +103,11 @@ def test_the_wheelhouse_fetches_torch_the_same_way(monkeypatch, tmp_path, capsys
 @pytest.mark.parametrize("platform, why", [("linux-x86_64", "CUDA build"), ("macos-arm64", "not for macos-arm64")])
 def test_the_wheelhouse_does_not_fall_back_where_the_default_index_would_be_wrong(monkeypatch, tmp_path, capsys,
                                                                                    platform, why):
-    monkeypatch.setattr(dev, "_this_platform", lambda: "windows-x86_64")     # macOS: built on another platform
-    torch_cmd, _ = dev.wheelhouse_commands(tmp_path, platform, "3.11")
+    monkeypatch.setattr(wheelhouse, "_this_platform", lambda: "windows-x86_64")     # macOS: built on another platform
+    torch_cmd, _ = wheelhouse.wheelhouse_commands(tmp_path, platform, "3.11")
     run = FakeRun(1)
     monkeypatch.setattr(dev.subprocess, "run", run)
-    assert not dev.fetch_torch(torch_cmd, platform, tmp_path) and len(run.calls) == 1
+    assert not wheelhouse.fetch_torch(torch_cmd, platform, tmp_path) and len(run.calls) == 1
     assert not (tmp_path / "constraints.txt").exists()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "no fallback" in lines[0] and why in lines[0]
@@ -118,11 +119,11 @@ def test_the_dry_run_lists_each_wheel_with_its_size_and_the_total(monkeypatch, t
     small.write_bytes(b"x" * 1_000_000)
     urls = [small.as_uri(), big.as_uri(), (tmp_path / "gone-1.0-py3-none-any.whl").as_uri()]
     report = {"install": [{"download_info": {"url": url}} for url in urls]}
-    monkeypatch.setattr(dev, "TORCH_CPU_INDEX", CLOSED_INDEX)
-    monkeypatch.setattr(dev, "_this_platform", lambda: "windows-x86_64")
+    monkeypatch.setattr(torch_index, "TORCH_CPU_INDEX", CLOSED_INDEX)
+    monkeypatch.setattr(wheelhouse, "_this_platform", lambda: "windows-x86_64")
     run = FakeRun(0, report=report)
     monkeypatch.setattr(dev.subprocess, "run", run)
-    assert dev.print_kit_sizes("windows-x86_64", "3.11") == 0
+    assert wheelhouse.print_kit_sizes("windows-x86_64", "3.11") == 0
     (argv,) = run.calls
     assert "--dry-run" in argv and argv[argv.index("--extra-index-url") + 1] == CLOSED_INDEX
     assert argv[argv.index("--retries") + 1] == "0" and "torch==2.13.0+cpu" in argv and "pywinpty>=2.0.1" in argv
@@ -133,13 +134,13 @@ def test_the_dry_run_lists_each_wheel_with_its_size_and_the_total(monkeypatch, t
     # the CPU index unreachable: one line, then the default index's torch (this machine's platform: CPU-only)
     run = FakeRun(1, 0, report=report)
     monkeypatch.setattr(dev.subprocess, "run", run)
-    assert dev.print_kit_sizes("windows-x86_64", "3.11") == 0
+    assert wheelhouse.print_kit_sizes("windows-x86_64", "3.11") == 0
     assert "--extra-index-url" not in run.calls[1] and "torch==2.13.0" in run.calls[1]
     out = capsys.readouterr().out.splitlines()
     assert "could not be reached" in out[0] and "trying the default index" in out[0] and "3 wheels" in out[-1]
     run = FakeRun(1)                                             # Linux: no fallback to a CUDA torch, no sizes
     monkeypatch.setattr(dev.subprocess, "run", run)
-    assert dev.print_kit_sizes("linux-x86_64", "3.11") == 0 and len(run.calls) == 1
+    assert wheelhouse.print_kit_sizes("linux-x86_64", "3.11") == 0 and len(run.calls) == 1
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "no fallback" in out[0] and "no sizes" in out[1]
 
@@ -175,7 +176,7 @@ def test_the_quick_selection_exists_and_has_an_import_all_a_lesson_and_a_tui_pil
 
 
 def test_every_module_imports():
-    """Every module of the project imports in a fresh interpreter: tiny_k3, sim, tui_app, tui.py, dev.py, the
+    """Every module of the project imports in a fresh interpreter: tiny_k3, sim, tui_app, devkit, tui.py, dev.py, the
     lessons' helpers (not the notebooks, which run when imported) and bench/. The `__main__` entry points are
     compiled, not run. A broken import anywhere fails here, not only where some test happens to reach."""
     script = r'''
@@ -183,7 +184,8 @@ import importlib, pathlib, sys
 root = pathlib.Path.cwd()
 sys.path[:0] = [str(root), str(root / "lessons"), str(root / "bench")]
 names, failed = ["tui", "dev"], []
-for folder, package in (("tiny_k3", True), ("sim", True), ("tui_app", True), ("lessons", False), ("bench", False)):
+for folder, package in (("tiny_k3", True), ("sim", True), ("tui_app", True), ("devkit", True), ("lessons", False),
+                        ("bench", False)):
     base = root if package else root / folder
     for path in sorted((root / folder).rglob("*.py")):
         parts = list(path.relative_to(base).with_suffix("").parts)

@@ -12,7 +12,7 @@ from sim.interventions import layer_span
 from sim.sampling import choose_token, sample_token
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("tiny_k3", "sim", "tui_app")
+PACKAGES = ("tiny_k3", "sim", "tui_app", "devkit")
 LIMITS = {"function": 60, "class": 400, "module": 500}
 
 

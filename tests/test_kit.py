@@ -1,5 +1,6 @@
-"""The workshop kit in dev.py: a wheelhouse of CPU-only wheels per platform (dry run: no network in tests), the
-offline set-up's refusals, and a learner's bundle without the solutions."""
+"""The workshop kit (dev.py, devkit/): a wheelhouse of CPU-only wheels per platform (the dry run with its index
+lookup replaced: no network in tests), the offline set-up's refusals, and a learner's bundle without the
+solutions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import dev as dev_module
+from devkit import wheelhouse
+from devkit.bundle import learner_readme
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,10 +28,20 @@ def dev(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     ("linux-x86_64", ["manylinux_2_28_x86_64", "manylinux2014_x86_64"], "torch==2.13.0+cpu"),
     ("macos-arm64", ["macosx_11_0_arm64"], "torch==2.13.0"),
 ])
-def test_wheelhouse_dry_run_names_the_platform_and_only_cpu_torch(tmp_path, platform, tags, torch):
-    out = dev("wheelhouse", str(tmp_path / "wh"), "--platform", platform, "--python", "3.11", "--dry-run")
-    assert out.returncode == 0, out.stderr
-    text = out.stdout
+def test_wheelhouse_dry_run_names_the_platform_and_only_cpu_torch(monkeypatch, capsys, tmp_path, platform, tags,
+                                                                   torch):
+    asked = []
+
+    def unreachable_index(platform, python, torch, cpu_index):      # pip's resolution, as if no index answered
+        asked.append(torch)
+        return [], "no index in tests"
+
+    monkeypatch.setattr(wheelhouse, "resolve_kit", unreachable_index)
+    code = dev_module.main(["wheelhouse", str(tmp_path / "wh"), "--platform", platform, "--python", "3.11",
+                            "--dry-run"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert asked[0] == torch and "no sizes" in text             # the sizes were looked up, the commands printed
     commands = [line for line in text.splitlines() if line.strip().startswith("pip download")]
     assert len(commands) == 2, text
     for command in commands:
@@ -60,8 +75,8 @@ def test_bundle_is_a_learner_copy_without_solutions(tmp_path):
     files = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
     assert not any(f.startswith("lessons/solutions") for f in files), "no solution file in the learner's copy"
     assert "lessons/INSTRUCTOR.md" not in files
-    for needed in ("dev.py", "pyproject.toml", "lessons/workshop.py", "lessons/setup_check.py",
-                   "lessons/checks/__init__.py", "lessons/01_sixteen_of_896.py", "docs/k3_facts.md", "tui.py"):
+    for needed in ("dev.py", "devkit/__init__.py", "devkit/wheelhouse.py", "devkit/bundle.py", "pyproject.toml",
+                   "lessons/workshop.py", "lessons/setup_check.py", "lessons/checks/__init__.py", "lessons/01_sixteen_of_896.py", "docs/k3_facts.md", "tui.py"):
         assert needed in files, needed
     assert any(f.startswith("tiny_k3/weights/") and f.endswith(".safetensors") for f in files)
     solutions = [p.read_text() for p in (ROOT / "lessons" / "solutions").glob("lesson*.py")]
@@ -80,22 +95,16 @@ def test_bundle_is_a_learner_copy_without_solutions(tmp_path):
 
 
 def learner_readme_of(root: Path) -> str:
-    sys.path.insert(0, str(ROOT))
-    import dev as dev_module
-
-    return dev_module.learner_readme(root)
+    return learner_readme(root)
 
 
 def test_the_learners_readme_lists_every_lesson_and_counts_them(tmp_path):
     """The bundle's README names each lesson file once, with the title its first heading gives, and its count word
     is the number of lessons; lessons/README.md's table has one row per lesson file and says the same count."""
-    sys.path.insert(0, str(ROOT))
-    import dev as dev_module
-
     (tmp_path / "lessons").mkdir()
     for name, title in (("01_a.py", "Lesson 1 — A"), ("02_b.py", "Lesson 2 — B"), ("03_c.py", "Lesson 3 — C")):
         (tmp_path / "lessons" / name).write_text(f"# %% [markdown]\n# # {title}\n")
-    text = dev_module.learner_readme(tmp_path)
+    text = learner_readme(tmp_path)
     assert "and three lessons that use it" in text
     assert [line for line in text.splitlines() if line.startswith("- `lessons/")] == [
         "- `lessons/01_a.py`: Lesson 1 — A", "- `lessons/02_b.py`: Lesson 2 — B", "- `lessons/03_c.py`: Lesson 3 — C"]

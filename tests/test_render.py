@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 from rich.jupyter import JupyterMixin
 
-from sim import Simulation, render
+from sim import Simulation, render, render_cells
 from sim.frame import DepthRecord, KDARecord, RoutingRecord, depth_source_names
 from sim.memory import format_bytes, project_to_k3
 
@@ -90,7 +90,7 @@ def test_state_heatmap_draws_k_over_2_lines_a_legend_and_its_scale():
     lines = text_of(render.state_heatmap(S)).splitlines()
     assert len(lines) == 18 and all(len(line.rstrip()) <= 32 for line in lines[:16])
     assert "min -2.000" in lines[16] and "max +3.000" in lines[16] and f"{np.linalg.norm(S):.3f}" in lines[16]
-    scale = render.robust_scale(S)
+    scale = render_cells.robust_scale(S)
     assert lines[17].startswith(f"colour ±{scale:.3g} (99th percentile of |S|")
     assert lines[15].rstrip().endswith("█")                          # the largest |S| is the last cell
     assert len(text_of(render.state_heatmap(S), color_system="truecolor").splitlines()) == 18
@@ -112,20 +112,29 @@ def test_the_state_scale_is_robust_and_the_map_bright_at_both_ends():
     up to the largest |S|, most were near black. Both ends of the map are bright, and in different hues."""
     rng = np.random.default_rng(0)
     S = (rng.laplace(0, 0.03, (32, 32)) * (1 + 30 * (rng.random((32, 32)) > 0.995))).astype(np.float32)
-    scale = render.robust_scale(S)
+    scale = render_cells.robust_scale(S)
     assert scale == pytest.approx(np.percentile(np.abs(S), 99)) and scale < 0.5 * np.abs(S).max()
     floor = lightness((18, 18, 18)) + 15
-    new = [lightness(render.state_colour(x, scale)) >= floor for x in S.reshape(-1)]
-    old = [lightness(render._lerp(render.DARK, render.POSITIVE if x >= 0 else render.NEGATIVE, abs(x) / np.abs(S).max()))
+    new = [lightness(render_cells.state_colour(x, scale)) >= floor for x in S.reshape(-1)]
+    cells = render_cells
+    old = [lightness(cells.lerp(cells.DARK, cells.POSITIVE if x >= 0 else cells.NEGATIVE, abs(x) / np.abs(S).max()))
            >= floor for x in S.reshape(-1)]
     assert np.mean(new) >= 0.5 > np.mean(old)
-    hi, lo = render.state_colour(scale, scale), render.state_colour(-scale, scale)
+    hi, lo = render_cells.state_colour(scale, scale), render_cells.state_colour(-scale, scale)
     assert lightness(hi) > 80 and lightness(lo) > 80 and hi[0] > hi[2] and lo[2] > lo[0]   # warm +, cool -
-    assert render.state_colour(10 * scale, scale) == hi                                    # beyond the scale: clipped
-    assert render.robust_scale(np.zeros((4, 4))) == 1.0
+    assert render_cells.state_colour(10 * scale, scale) == hi                              # beyond the scale: clipped
+    assert render_cells.robust_scale(np.zeros((4, 4))) == 1.0
     only_one = np.zeros((16, 16), np.float32)
     only_one[3, 4] = -2.0
-    assert render.robust_scale(only_one) == 2.0           # a percentile of 0 falls back to the largest |S|
+    assert render_cells.robust_scale(only_one) == 2.0           # a percentile of 0 falls back to the largest |S|
+
+
+def test_lerp_and_rgb_style_are_the_cells_colours():
+    assert render_cells.lerp((0, 0, 0), (100, 200, 50), 0.5) == (50, 100, 25)
+    assert render_cells.lerp((0, 0, 0), (100, 200, 50), 2.0) == (100, 200, 50)          # t is clipped to [0, 1]
+    style = render_cells.rgb_style((1, 2, 3), (4, 5, 6))
+    assert style.color.triplet == (1, 2, 3) and style.bgcolor.triplet == (4, 5, 6)
+    assert render_cells.rgb_style((1, 2, 3)).bgcolor is None                             # the console's own
 
 
 def test_decay_beta_bars_and_sparkline():
@@ -136,9 +145,9 @@ def test_decay_beta_bars_and_sparkline():
     assert "▁▅▇█" in text and "0.250" in text and "1.5000" in text and "0.1250" in text
     with pytest.raises(ValueError, match="heads 0 to 1"):
         render.decay_beta_bars(rec, 2)
-    assert render.sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
-    assert render.sparkline([]) == "" and render.sparkline([2, 2]) == "▄▄"
-    assert render.bar(0.5, 4) == "██  " and render.bar(1.0, 3) == "███"
+    assert render_cells.sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert render_cells.sparkline([]) == "" and render_cells.sparkline([2, 2]) == "▄▄"
+    assert render_cells.bar(0.5, 4) == "██  " and render_cells.bar(1.0, 3) == "███"
 
 
 def test_memory_bars_compare_hybrid_twin_and_the_k3_projection(frame):

@@ -138,3 +138,38 @@ def test_what_cannot_be_swapped_is_a_clear_error(model, tokens):
     with swapped(model, mla_decode=project_mla_decode), torch.no_grad():
         with pytest.raises(ValueError, match="padding"):
             model(torch.cat([tokens, tokens]), attention_mask=padded)
+
+
+def _keeps_the_old_cache(cache, q, k, v, scale):
+    out, _ = project_attention(cache, q, k, v, scale)         # attends over every token, as it should
+    return out, cache                                          # but never appends the new key and value
+
+
+def _appends_twice(cache, q, k, v, scale):
+    out, (keys, values) = project_attention(cache, q, k, v, scale)
+    return out, (torch.cat([keys, k[None]]), torch.cat([values, v[None]]))
+
+
+@pytest.mark.parametrize("attend, got", [(_keeps_the_old_cache, "None"),
+                                         (_appends_twice, "keys of 2 and values of 2 tokens")])
+def test_a_kv_cache_of_the_wrong_length_is_a_clear_error_not_rebuilt(model, tokens, attend, got):
+    # Before the fix the next token's cache was rebuilt from the model's latents and the logits matched.
+    with swapped(model, attention=attend), torch.no_grad():
+        with pytest.raises(ValueError, match="KV cache") as error:
+            model(tokens)
+    message = str(error.value)
+    assert got in message and "must hold 1 (the 0 given, the new key and value appended last)" in message
+    assert "\n" not in message
+
+
+def test_a_new_call_of_the_model_may_start_a_new_sequence_or_branch(model, tokens):
+    """Between calls the learner's cache may be of another length: a new prompt, or decoding from an earlier
+    position; the prefix is expanded again from the model's own latents and the logits stay the model's."""
+    with torch.no_grad():
+        own, _ = model(tokens)
+        prefix, branch = model(tokens[:, :5])
+        with swapped(model, attention=project_attention) as swap:
+            model(tokens)                                                  # the learner's cache: 13 tokens
+            rest, _ = model(tokens[:, 5:], branch)                         # back to position 5
+    assert (rest - own[:, 5:]).abs().max() <= TOL
+    assert swap.kv_caches[next(iter(swap.kv_caches))][0][0].shape[0] == tokens.shape[1]

@@ -308,7 +308,7 @@ async def test_the_state_panel_keeps_its_decay_beta_and_colour_key_on_screen(siz
     """Issue 35: at 80x24 the state panel cut off its decay and beta lines. The default prompt (a recall query,
     whose notes take lines too) on small's 32 x 32 state: decay and beta are on screen, and at 80x24, where the
     numbers sit beside the heatmap, the colour key's numbers too."""
-    from sim import render
+    from sim import render_cells
     from tui_app.keys import number
 
     app = make_app(preset="small", prompt=None)
@@ -318,7 +318,7 @@ async def test_the_state_panel_keeps_its_decay_beta_and_colour_key_on_screen(siz
         await settle(pilot)
         view = app.view()
         rec = view.frame.kda_for(view.kda_layer)
-        scale = render.robust_scale(rec.state[view.kda_head].astype(np.float32))
+        scale = render_cells.robust_scale(rec.state[view.kda_head].astype(np.float32))
         text = screen_text(app)
         assert "decay α" in text and "beta β" in text and f"{float(rec.beta[view.kda_head]):.3f}" in text
         key = f"{number(-scale)} " in text and f" {number(scale)}" in text     # the colour key's numbers

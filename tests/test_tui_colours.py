@@ -12,7 +12,7 @@ import re
 import numpy as np
 from rich.console import Console
 
-from sim import Simulation, render
+from sim import Simulation, render, render_cells
 from tiny_k3.config import DEFAULT_PRESET, DEFAULT_PROMPT
 from tui import TinyK3App
 from tui_app.keys import WEIGHT_TICKS, number, state_key, ticks, weight_key
@@ -69,7 +69,7 @@ async def test_the_default_prompts_state_is_visible_with_its_colour_key():
         assert len(cells) == state.size                      # the whole heatmap is drawn, and nothing else is "▀"
         share = visible_share(cells, background)
         assert share >= 0.5, f"only {share:.0%} of the state's cells stand out from the panel"
-        scale = render.robust_scale(state)
+        scale = render_cells.robust_scale(state)
         assert np.isclose(scale, np.percentile(np.abs(state), 99))
         text = panel.text
         assert number(scale) in text and number(-scale) in text and " 0 " in text  # the key's numbers
@@ -95,12 +95,12 @@ async def test_the_depth_map_draws_every_real_weight_visibly_and_keys_its_colour
         assert app._panels["depth"].border_title == "Depth · AttnRes weights"
         weights = np.concatenate([d.weights for d in app.view().frame.depth if d.weights.size])
         floor = lightness(background) + VISIBLE_DL
-        assert all(lightness(render.weight_colour(w)) >= floor for w in weights if w >= 0.02)
-        assert all(lightness(render.weight_colour(w)) >= floor for w in (0.02, 0.05, 0.25, 1.0))
+        assert all(lightness(render_cells.weight_colour(w)) >= floor for w in weights if w >= 0.02)
+        assert all(lightness(render_cells.weight_colour(w)) >= floor for w in (0.02, 0.05, 0.25, 1.0))
         # the map's cells as drawn: solid blocks, each in the colour of one of this token's weights
         rows = [strip for strip in panel._lines if re.match(r"\s*(L\d+ (attn|mlp)|out)\b", strip.text)]
         blocks = {rgb(seg.style.color) for strip in rows for seg in strip if seg.text and set(seg.text) == {"█"}}
-        assert blocks and blocks <= {render.weight_colour(w) for w in weights}
+        assert blocks and blocks <= {render_cells.weight_colour(w) for w in weights}
 
 
 def test_the_state_key_spans_the_scale_with_its_numbers_and_fits_its_width():
@@ -112,8 +112,9 @@ def test_the_state_key_spans_the_scale_with_its_numbers_and_fits_its_width():
     assert numbers.split() == ["-2.95", "-0.74", "0", "+0.74", "+2.95"] and len(numbers) == 33
     segments = [seg for seg in drawn(state_key(scale)) if seg.text == "█"]
     colours = [rgb(seg.style.color) for seg in segments]
-    assert colours[0] == render.state_colour(-scale, scale) and colours[-1] == render.state_colour(scale, scale)
-    assert colours[16] == render.state_colour(0.0, scale)                   # the middle cell is 0
+    assert colours[0] == render_cells.state_colour(-scale, scale)
+    assert colours[-1] == render_cells.state_colour(scale, scale)
+    assert colours[16] == render_cells.state_colour(0.0, scale)                   # the middle cell is 0
     assert lightness(colours[0]) > 80 and lightness(colours[-1]) > 80      # bright at both ends
     small = [line for line in Console(width=80, file=io.StringIO(), record=True, color_system="truecolor",
                                       force_terminal=True).render_lines(state_key(0.033))]

@@ -24,7 +24,7 @@ The function signatures (shapes per call):
         S0 [K, V] the state before these tokens, or None (zeros).
     attention(cache, q, k, v, scale) -> (o [H, V], cache)
         one new token: q, k [H, D], v [H, V]; cache None (no token yet) or (keys [S, H, D], values [S, H, V]);
-        the returned cache holds the new token too, and o attends over all of it.
+        the returned cache holds the new token too (S + 1 tokens, else a ValueError), and o attends over all of it.
     mla_decode(q_nope, q_rope, latent, k_rope, W_kb, W_vb, scale) -> o [H, V]
         one query: q_nope [H, nope], q_rope [H, rope]; latent [S, rank], k_rope [S, rope] (the cache, this token
         included); W_kb [H, nope, rank], W_vb [H, V, rank] (kv_b_proj per head).
@@ -132,12 +132,36 @@ def _mla_attend(layer: GatedMLA, index: int, swap: Swap, attention: Callable | N
                 continue
             # A per-head KV cache, the one MLA does without: keys [S, H, nope + rope], values [S, H, V].
             cache = caches[b]
-            if cache is None or cache[0].shape[0] != pos:        # a new sequence (or a branch): the prefix again
+            # Only a new call of the model may start from another length: a new sequence, or a branch from an
+            # earlier position; the prefix is expanded again from the model's latents. Within a call the cache is
+            # the learner's, checked below, so a function that does not append is an error, not silently repaired.
+            if t == 0 and (cache is None or cache[0].shape[0] != pos):
                 cache = None if pos == 0 else _expand(layer, W_kb, W_vb, latent[b, :pos], k_rope[b, :pos])
             keys, values = _expand(layer, W_kb, W_vb, latent[b, pos:pos + 1], k_rope[b, pos:pos + 1])
             q = torch.cat([q_nope[b, t], q_rope[b, t]], -1)
             attn[b, t], caches[b] = attention(cache, q, keys[0], values[0], layer.scale)
+            _check_grown(caches[b], pos + 1)
     return None, attn
+
+
+def _cache_lengths(cache) -> tuple[int, int] | None:
+    """(tokens in keys, tokens in values) of a (keys, values) pair of tensors; None for anything else."""
+    if not (isinstance(cache, (tuple, list)) and len(cache) == 2):
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in cache):
+        return None
+    return int(cache[0].shape[0]), int(cache[1].shape[0])
+
+
+def _check_grown(cache, expected: int) -> None:
+    """Refuse a returned KV cache that does not hold exactly `expected` tokens in both keys and values."""
+    lengths = _cache_lengths(cache)
+    if lengths == (expected, expected):
+        return
+    got = (f"keys of {lengths[0]} and values of {lengths[1]} tokens" if lengths
+           else "None" if cache is None else f"a {type(cache).__name__}, not a (keys, values) pair of tensors")
+    raise ValueError(f"swapped(attention=...): your function returned a KV cache of {got}; after this token it "
+                     f"must hold {expected} (the {expected - 1} given, the new key and value appended last).")
 
 
 def _checked_mla_forward(module: GatedMLA, x, cache=None, recorder=NO_RECORDER, layer: int = 0,

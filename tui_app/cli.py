@@ -16,6 +16,7 @@ from sim import runfile
 from sim.presets import (COUNTED_ONLY, DEFAULT_PRESET, DEFAULT_PROMPT, check_device, config_for, has_checkpoint,
                          tui_presets)
 from sim.prompt import prompt_ids
+from sim.threads import use_free_cores
 
 from .app import TinyK3App
 from .messages import WORKER_THREAD
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"tiny-k3: {exc}", file=sys.stderr)
         return 2
+    use_free_cores()             # a busy machine: torch threads without a core would stall every op (sim/threads.py)
     app = TinyK3App(args.preset, args.prompt, args.seed, args.device, weights=args.weights,
                     open_path=args.open_path)
     app.run()

@@ -1,23 +1,17 @@
 """The colour keys of the TUI's pictures, with their numbers: `state_key` under the recurrent-state heatmap (the
-diverging map of sim.render.state_colour on ±robust_scale) and `weight_key` above the depth map (sim.render.
-weight_colour). They are part of the panels' renderables, so the terminal and textual-serve's browser page show
+diverging map of sim.render_cells.state_colour on ±robust_scale) and `weight_key` above the depth map
+(sim.render_cells.weight_colour). They are part of the panels' renderables, so the terminal and textual-serve's browser page show
 the same key. Without colour (a pipe) they fall back to the glyphs the pictures use then."""
 
 from __future__ import annotations
 
 import math
 
-from rich.color import Color
-from rich.style import Style
 from rich.text import Text
 
-from sim.render import SHADES, ByColour, shade, state_colour, weight_style
+from sim.render_cells import SHADES, ByColour, rgb_style, shade, state_colour, weight_style
 
 WEIGHT_TICKS = (0.0, 0.05, 0.25, 0.5, 1.0)   # the depth key's numbers
-
-
-def rgb_style(rgb: tuple[int, int, int]) -> Style:
-    return Style(color=Color.from_rgb(*rgb))
 
 
 def number(x: float) -> str:

@@ -12,13 +12,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from sim import render
+from sim import render, render_cells
 from sim.frame import Frame
 from sim.measure import saved_line
 from sim.memory import format_bytes, state_bytes_fixed
 from sim.render import crossover_line, depth_map, memory_table
+from sim.render_cells import rgb_style
 
-from .keys import rgb_style, state_key, weight_key
+from .keys import state_key, weight_key
 from .panel import COLUMN_GAP, Panel, SideBySide, View, plural, quoted
 
 SPARK_WIDTH = 48  # values shown in a sparkline: the most recent ones, so long runs cost the same
@@ -110,7 +111,7 @@ SIDE_COLUMN = 34   # the state panel's column beside the heatmap needs this much
 class StatePanel(Panel):
     """KDA: the K x V delta-rule state of one head, its decay and write strength (kda.md §2).
 
-    The heatmap is drawn on a robust symmetric scale (sim.render.robust_scale: the 99th percentile of |S|) with
+    The heatmap is drawn on a robust symmetric scale (sim.render_cells.robust_scale: the 99th percentile of |S|) with
     its colour key. Where the panel is wide enough (an 80-column terminal's one panel), the numbers, the decay
     and beta and the key sit beside the heatmap, so a 24-row terminal shows them all; otherwise they come first
     and the heatmap under them.
@@ -145,7 +146,7 @@ class StatePanel(Panel):
             notes.append(Text(f"layer {v.layer} is gated MLA (softmax, a growing KV cache, no recurrent state); "
                               f"showing the KDA layer below it.", style="italic"))
         S = rec.state[h].astype(np.float32)
-        scale = render.robust_scale(S)
+        scale = render_cells.robust_scale(S)
         cells = render.state_cells(S, scale)
         side = self.inner_width - S.shape[1] - COLUMN_GAP      # room beside the heatmap
         if side >= SIDE_COLUMN:
@@ -166,7 +167,7 @@ class StatePanel(Panel):
         top.add_column(no_wrap=True, min_width=len("0.0000"))
         top.add_column(no_wrap=True, overflow="ellipsis", style="dim", ratio=1)
         spark_room = max(8, width - len("write 0.0000 "))   # after the label and value columns
-        top.add_row("‖S‖", f"{float(rec.state_norm[h]):.4f}", render.sparkline(hist[-spark_room:], lo=0.0))
+        top.add_row("‖S‖", f"{float(rec.state_norm[h]):.4f}", render_cells.sparkline(hist[-spark_room:], lo=0.0))
         # the delta-rule write of this token: what it changed beyond decaying the old state (kda.md §2)
         top.add_row("write", f"{float(rec.correction_norm[h]):.4f}", "the delta-rule write")
         top.add_row("size", format_bytes(per_head), "fixed, every token")
@@ -192,9 +193,9 @@ def decay_beta_lines(kda, head: int, width: int = 12) -> Group:
     decay, beta = kda.decay[head], float(kda.beta[head])
     return Group(Text.assemble(("decay α ", "bold"), (f"min {decay.min():.3f} · mean {decay.mean():.3f} · max "
                                                       f"{decay.max():.3f}", "dim"), no_wrap=True, overflow="ellipsis"),
-                 Text(render.sparkline(decay, 0.0, 1.0), style=rgb_style(render.WEIGHT_HIGH), no_wrap=True,
+                 Text(render_cells.sparkline(decay, 0.0, 1.0), style=rgb_style(render_cells.WEIGHT_HIGH), no_wrap=True,
                       overflow="crop"),
-                 Text.assemble(("beta β ", "bold"), (render.bar(beta, width), rgb_style(render.CHOSEN)),
+                 Text.assemble(("beta β ", "bold"), (render_cells.bar(beta, width), rgb_style(render_cells.CHOSEN)),
                                f" {beta:.3f}"))
 
 
@@ -265,8 +266,8 @@ class MemoryPanel(Panel):
         twin = hist["twin_kv_bytes"][-SPARK_WIDTH:]
         top = float(max(hybrid.max(), twin.max(), 1))   # one scale for both: the twin climbs faster
         spark = Table.grid(padding=(0, 1))
-        spark.add_row(Text("hybrid", style="bold green"), render.sparkline(hybrid, 0.0, top))
-        spark.add_row(Text("twin", style="bold blue"), render.sparkline(twin, 0.0, top))
+        spark.add_row(Text("hybrid", style="bold green"), render_cells.sparkline(hybrid, 0.0, top))
+        spark.add_row(Text("twin", style="bold blue"), render_cells.sparkline(twin, 0.0, top))
         measured = saved_line()            # this machine's `python -m sim measure --save`, when there is one
         if measured:
             parts.append(Text(measured, style="italic cyan"))
@@ -334,7 +335,7 @@ class DepthPanel(Panel):
             parts.append(Text(window, style="dim"))
         norms = np.array([d.h_norm for d in frame.depth], dtype=np.float32)
         parts.append(Text.assemble(("|h| by depth ", "bold"),
-                                   render.sparkline(_resample(norms, max(8, self.inner_width - 14)))))
+                                   render_cells.sparkline(_resample(norms, max(8, self.inner_width - 14)))))
         return title, Group(*parts)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from sim import render
+from sim import render, render_cells
 from sim.interventions import describe
 
 from .panel import View, plural, quoted, twin_name
@@ -105,7 +105,7 @@ def load_line(ticket, p) -> Text:
     timing = (f"{p.rate:.1f} tokens/s · about {left:.0f} s left" if left is not None else
               f"{p.rate:.1f} tokens/s" if p.rate is not None else "timing the first tokens")
     return Text.assemble((f"{what}: ", "bold yellow"), f"{p.done:,}/{plural(p.total, 'token')} ",
-                         (render.bar(p.done / max(p.total, 1), 20), "yellow"),
+                         (render_cells.bar(p.done / max(p.total, 1), 20), "yellow"),
                          f" {p.done / max(p.total, 1):.0%} · {timing} · Esc cancels")
 
 
@@ -115,5 +115,5 @@ def what_if_line(driver) -> Text:
     what = ", ".join(describe(c) for c in job.changes) or "nothing"
     done = 0 if p is None else p.done
     return Text.assemble((f"what-if ({what}) at step {job.step}: ", "bold magenta"),
-                         f"token {done}/{job.steps} ", (render.bar(done / job.steps, 20), "magenta"),
+                         f"token {done}/{job.steps} ", (render_cells.bar(done / job.steps, 20), "magenta"),
                          " · Esc cancels; the timeline is untouched")

@@ -525,8 +525,8 @@ CHUNK = 8          # chunk size the model's prefill uses with the learner's chun
 
 def growing(attention):
     """The learner's attention (B.4) as the model calls it, refusing a cache that does not grow by exactly the new
-    token: tiny_k3.swap rebuilds a cache of the wrong length from the model's own latents before the next token, so a
-    function that never appends would otherwise give the model's logits while its cache held nothing."""
+    token, keeps its past or does not end in the new key and value. tiny_k3.swap refuses a wrong length too, in its
+    own words; this says it in the lesson's, and checks what the length alone cannot show."""
 
     @functools.wraps(attention)
     def guarded(cache, q, k, v, scale):
@@ -540,8 +540,8 @@ def growing(attention):
             raise ExerciseError(
                 f"Your KV cache does not grow: given the keys and values of {before} token{'s' * (before != 1)}, your "
                 f"function returned {got}; after this token the cache must hold {before + 1}, the new key and value "
-                "appended last. (The model would rebuild a cache of the wrong length from its own latents before the "
-                "next token, and the logits would match while your cache kept nothing: so this cell refuses it.)")
+                "appended last. (The model hands this cache back to your function with the next token: it must hold "
+                "every token so far, or the next token attends over the wrong keys.)")
         if before and not (_same(new[0][:before], cache[0]) and _same(new[1][:before], cache[1])):
             raise ExerciseError("Your KV cache grew by one token but changed the tokens before it: append the new key "
                                 "and value, and keep the cached ones as they are.")
