@@ -12,7 +12,8 @@ the full length, which is exact for a loop of identical steps, and marked '*'). 
 count repeats the longest chunked run with every channel decaying at the bound (g = -5), the worst case:
 no chunk can be factored in one piece, so every chunk is split into sub-chunks. `--floor` adds the chunked
 call's op floor (bench/op_floor.py): what its ops take when each runs alone with its operands in cache.
-Target (issue 15): chunked at T=4096 >= 25x fla's naive recurrence on 1 thread, >= 35x on 2.
+Target (issue 15): chunked at T=4096 >= 25x fla's naive recurrence on 1 thread, >= 35x on 2. `--compiled` adds the
+compiled kernel (tiny_k3/compiled.py) at each length, eager beside it, and its compile time (issue 36).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from op_floor import record_ops, replay_floor  # noqa: E402
+from tiny_k3 import compiled  # noqa: E402
 from tiny_k3.kda import kda_chunked, kda_gate, kda_recurrent  # noqa: E402
 from provenance import provenance_line  # noqa: E402
 
@@ -124,6 +126,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--floor", action="store_true",
                         help="also the longest length's op floor: each op of one chunked call replayed alone, warm")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also the compiled kernel (tiny_k3/compiled.py) at each length, its compile time apart")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter (a quiet machine); cpu: process_time (a busy one, 1 thread)")
     args = parser.parse_args()
@@ -167,6 +171,28 @@ def main() -> None:
             if args.floor:
                 x = inputs(T, args.device)
                 print_floor(lambda: kda_chunked(*x, chunk_size=args.chunk), T, sync)
+            if args.compiled:
+                print_compiled(args.lengths, args.rounds, args.device, sync)
+
+
+def print_compiled(lengths, rounds: int, device: str, sync) -> None:
+    """The compiled kernel (`kda_factored` under torch.compile, TINY_K3_COMPILE's KDA op) beside eager `kda_chunked`,
+    without autograd: compile s is its first call at that length (a warm inductor cache makes it shorter)."""
+    kernel = compiled.ops()["kda_chunked"]
+    compiled.enable(True)
+    print(f"{'T':>6} {'chunked ms':>11} {'compiled ms':>12} {'vs eager':>9} {'compile s':>10}   (compiled kernel)")
+    for T in lengths:
+        x = inputs(T, device)
+        S0 = x[0].new_zeros(H, K, V)
+        call = lambda: kernel(*x, S0, K ** -0.5, 32)  # noqa: E731
+        first = time.perf_counter()
+        call()
+        compile_s = time.perf_counter() - first
+        ms, eager = best_ms(call, rounds, sync), best_ms(lambda: kda_chunked(*x), rounds, sync)
+        print(f"{T:>6} {eager:>11.1f} {ms:>12.1f} {eager / ms:>8.2f}x {compile_s:>10.1f}")
+    compiled.enable(False)
+    if kernel.failed:
+        print(f"(the kernel ran eager: {kernel.failed})")
 
 
 def print_floor(call, T: int, sync) -> None:

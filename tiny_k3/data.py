@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .corpus import MAX_FILLER, answer_mask, sample_corpus
+from .corpus import MAX_FILLER, RECALL_MARK, answer_mask, sample_corpus
 from .tokenizer import BOS
 
 
@@ -21,15 +21,17 @@ from .tokenizer import BOS
 class Rows:
     tokens: torch.Tensor     # [N, seq_len + 1] long: BOS, then bytes
     weights: torch.Tensor    # [N, seq_len + 1] float: the loss weight of predicting tokens[:, t] (0 at BOS)
+    forget: torch.Tensor | None = None   # [N, seq_len + 1] bool: KDA states wiped before these tokens (Stage)
 
-    def __getitem__(self, index: slice) -> "Rows":      # rows[i:j] slices both
-        return Rows(self.tokens[index], self.weights[index])
+    def __getitem__(self, index: slice) -> "Rows":      # rows[i:j] slices all
+        return Rows(self.tokens[index], self.weights[index], None if self.forget is None else self.forget[index])
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def to(self, device) -> "Rows":
-        return Rows(self.tokens.to(device), self.weights.to(device))
+        return Rows(self.tokens.to(device), self.weights.to(device),
+                    None if self.forget is None else self.forget.to(device))
 
 
 def pack_lines(text: str, seq_len: int, answer_weight: float = 1.0, other_weight: float = 1.0) -> Rows:
@@ -68,6 +70,10 @@ class Stage:
     many_share: float = 0.15              # share of recall lines with more than 6 pairs (corpus.sample_line)
     ask_all: bool = False                 # every recall line asks all of its keys, as a probe does
     other_weight: float = 1.0             # loss weight of the bytes that are not answers (0: the answers alone)
+    # Share of recall marks ("|") at which every KDA layer forgets its state ("state dropout", Hooks.forget_before):
+    # the queries after such a mark can be answered only from the MLA cache. A recipe for the hybrid, whose KDA
+    # layers otherwise learn every look-up first and leave its MLA nothing to carry; a twin has no state to wipe.
+    forget_share: float = 0.0
 
 
 def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), answer_weight: float = 1.0) -> Rows:
@@ -78,8 +84,18 @@ def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), an
                              stage.copy_share, stage.many_share, stage.ask_all)
         rows = pack_lines(text, seq_len, answer_weight, stage.other_weight)
         if len(rows) >= n_rows:
-            return rows[:n_rows]
+            return with_forgetting(rows[:n_rows], stage.forget_share, seed)
         n_chars *= 2
+
+
+def with_forgetting(rows: Rows, share: float, seed: int) -> Rows:
+    """`rows` with `forget` marking about `share` of their recall marks ("|"), drawn from `seed` (none at 0)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"forget_share must lie in [0, 1], got {share}.")
+    if share == 0.0:
+        return rows
+    draw = torch.rand(rows.tokens.shape, generator=torch.Generator().manual_seed(seed))
+    return Rows(rows.tokens, rows.weights, (rows.tokens == ord(RECALL_MARK)) & (draw < share))
 
 
 def curriculum_rows(steps: int, seed: int, stages: tuple[Stage, ...], answer_weight: float = 1.0) -> list[Rows]:

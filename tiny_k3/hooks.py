@@ -10,6 +10,7 @@ one place in the forward pass (the simulator's `sim.interventions` translates it
 | unbiased         | `Router.forward`, before top-k             | select on topk(s) instead of topk(s + b)            |
 | reset_heads      | `KDALayer.forward`, before the first token | S and the conv tail of those heads start at zero    |
 | decay_scale      | `KDALayer.forward`, after `kda_gate`       | g -> factor * g (0: no forgetting)                  |
+| forget_before    | `KDALayer.forward`, after `kda_gate`       | at marked tokens every KDA state is wiped (g -> -30) |
 | uniform_depth    | every depth read of those layers (model.py)| AttnRes query w_l = 0: uniform weights 1/N          |
 | attention_window | `GatedMLA.forward`, the causal mask        | a query sees only the last `window` keys            |
 
@@ -26,6 +27,8 @@ import torch
 from .cache import KDAState
 from .moe import Routing, route
 
+FORGET_LOG_DECAY = -30.0   # log alpha at a forgetting token: e^-30 ≈ 1e-13 of the state survives
+
 
 @dataclass(frozen=True)
 class Hooks:
@@ -38,6 +41,10 @@ class Hooks:
     decay_scale: dict[int, float] = field(default_factory=dict)                # KDA layer -> factor on g
     uniform_depth: frozenset[int] = frozenset()       # layers whose depth reads get uniform weights
     attention_window: int | None = None               # MLA: keys within the last `window` tokens only
+    # [B, T] bool: every KDA layer forgets its whole state S just before these tokens write (a training recipe,
+    # "state dropout", tiny_k3.data.Stage.forget_share: what was said before them reaches later tokens through the
+    # MLA cache, and through the few inputs that each short conv still reads across the mark)
+    forget_before: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ MoE (moe.py, Router.forward)
     def changes_routing(self, layer: int) -> bool:
@@ -83,6 +90,15 @@ class Hooks:
         return KDAState(state, conv)
 
     def scale_decay(self, layer: int, g: torch.Tensor) -> torch.Tensor:
-        """g [B, T, H, K] log-decay -> factor * g: alpha = exp(g) becomes alpha ** factor."""
+        """g [B, T, H, K] log-decay -> factor * g: alpha = exp(g) becomes alpha ** factor; then, at the tokens
+        `forget_before` marks, g = FORGET_LOG_DECAY on every channel: alpha = e^-30, the state S_{t-1} is gone
+        before token t writes (S_t = beta_t k_t v_t^T, kda.md §2). Finite, not -inf: the chunked form subtracts
+        cumulative decays, and inf - inf would be NaN."""
         factor = self.decay_scale.get(layer)
-        return g if factor is None else g * factor
+        g = g if factor is None else g * factor
+        if self.forget_before is None:
+            return g
+        if tuple(self.forget_before.shape) != tuple(g.shape[:2]):
+            raise ValueError(f"Hooks.forget_before must have shape [B, T] = {list(g.shape[:2])}, "
+                             f"got {list(self.forget_before.shape)}.")
+        return g.masked_fill(self.forget_before[:, :, None, None], FORGET_LOG_DECAY)

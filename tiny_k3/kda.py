@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import compiled
 from .cache import KDAState
 from .config import K3Config
 from .fused import CachedCat, CachedWeights, FusedLinears, autograd_needed, constant
-from .kda_chunk import check_inputs, compute_dtype, kda_chunked
+from .kda_chunk import check_inputs, compute_dtype, kda_chunked, kda_chunked_compiled
 from .norm import rms_norm
 from .probe import NO_RECORDER, Recorder, detached
 from .shortconv import causal_conv
@@ -62,6 +63,9 @@ def kda_gate(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     if lower_bound is None:
         return -a * F.softplus(x)  # torch's softplus: beta 1, threshold 20, as fla/HF
     return lower_bound * torch.sigmoid(a * x)
+
+
+_GATE = compiled.op("kda_gate", kda_gate, dynamic=True)   # compiled where TINY_K3_COMPILE asks (tiny_k3/compiled.py)
 
 
 # ---------------------------------------------------------------------------- recurrent form
@@ -190,7 +194,7 @@ class KDALayer(nn.Module):
                                         and autograd_needed((gate_low_rank, *self._gate_weights.parts()))):
             H, K = self.num_heads, self.head_k_dim
             raw = self.f_b_proj(gate_low_rank)
-            return kda_gate(raw.view(-1, 1, H, K), self.A_log, self.dt_bias, self.lower_bound).view(raw.shape)
+            return _GATE(raw.view(-1, 1, H, K), self.A_log, self.dt_bias, self.lower_bound).view(raw.shape)
         weight, bias = self._gate_weights()
         if gate_low_rank.dtype != weight.dtype:   # (float32, or float64 with float64 inputs: as kda_gate)
             dtype = compute_dtype(gate_low_rank, weight)
@@ -252,7 +256,8 @@ class KDALayer(nn.Module):
         beta = torch.sigmoid(_as(beta_logit, fp))
 
         prev = None if cache is None else cache.state
-        kda = kda_step if T == 1 else kda_chunked  # fla: fused_recurrent for decode, chunk for prefill
+        # fla: fused_recurrent for decode, chunk for prefill (compiled with autograd where TINY_K3_COMPILE asks)
+        kda = kda_step if T == 1 else kda_chunked_compiled if compiled.enabled() else kda_chunked
         extra = {} if T == 1 else {"chunk_size": self.chunk_size}
         o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
         if recorder is not NO_RECORDER:  # (the default ignores everything: skip even the detach views)

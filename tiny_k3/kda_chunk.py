@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import compiled
 from .fused import autograd_needed, scratch_buffer
 
 
@@ -162,7 +163,10 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
          else initial_state.to(dtype).reshape(B * H, K, V))
     if T == 0:
         return q.new_zeros(B, 0, H, V), (S.view(B, H, K, V) if output_final_state else None)
-    if q.device.type == "cpu" and not autograd_needed([t for t in (q, k, v, g, beta, initial_state) if t is not None]):
+    # (Not while torch.compile traces this function: the CPU form's `out=` writes into reused scratch views are
+    # eager's answer to dispatch costs and page faults; inductor plans its own buffers and cannot lower them.)
+    if (q.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not autograd_needed([t for t in (q, k, v, g, beta, initial_state) if t is not None])):
         fast = _chunked_cpu(q, k, v, g, beta, S, scale, min(chunk_size, _CPU_CHUNK))
         if fast is not None:
             o, S = fast
@@ -405,3 +409,70 @@ def _cpu_segment(q, k, v, g, beta, out, S, scale: float, C: int) -> torch.Tensor
     O = torch.bmm(q_up, starts.view(M, K, V), out=scratch("O", M, C, V)).baddbmm_(P, U.view(M, C, V))
     torch.mul(O.view(R, B, H, C, V), scale, out=chunked(out))
     return S
+
+
+# ---------------------------------------------------------------------------- the compiled form (tiny_k3/compiled.py)
+_COMPILED_CHUNK = 32    # the compiled kernel's chunk: with autograd 32 beat 64 (bench/bench_train.py, small)
+
+
+def kda_factored(q, k, v, g, beta, S, scale: float, C: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_chunked_factored`'s equations with no branch on the data, for torch.compile -> (O [B,T,H,V], S, spread).
+
+    q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; S [B*H, K, V]; all in the compute dtype. The chunk loop is
+    unrolled into the compiled graph (so C sets the graph's size: T / C steps). `spread` is the range of
+    Γ_C - Γ over every chunk: the result is exact only while it is below `_max_safe_spread`, which the caller
+    checks (a data-dependent branch would split the graph).
+    """
+    B, T, H, K = q.shape
+    N, BH = -(-T // C), B * H
+
+    def chunked(x):   # [B, T, H, D] -> [N, BH, C, D], the tail zero-padded (no write, no decay)
+        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T)) if N * C > T else x
+        return x.view(B, N, C, H, -1).permute(1, 0, 3, 2, 4).reshape(N, BH, C, -1)
+
+    q, k, v, g, beta = chunked(q), chunked(k), chunked(v), chunked(g), chunked(beta.unsqueeze(-1))
+    to_end = torch.ones(C, C, dtype=q.dtype, device=q.device).triu(1) @ g     # Γ_C - Γ_r: Σ of g after r
+    spread = (to_end.amax() - to_end.amin()).detach()
+    decay = (to_end[:, :, :1] + g[:, :, :1]).exp().mT                          # [N, BH, K, 1] e^Γ_C
+    e = to_end.exp()
+    k_down_t = (k * e).mT                                                      # k↓^T [N, BH, K, C]
+    k_up, q_up = k * (beta / e), q / e                                         # k↑, q↑
+    A = (k_up @ k_down_t).tril(-1)
+    P = (q_up @ k_down_t).tril()
+    eye = torch.eye(C, dtype=q.dtype, device=q.device).expand(N, BH, C, C)
+    T_inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)   # (I + A)^-1
+    W, U0 = T_inv @ k_up, T_inv @ (v * beta)
+    starts, news = [], []
+    for n in range(N):              # S~ = D S;  U = U0 - W S~;  S <- S~ + k↓^T U
+        starts.append(decay[n] * S)
+        news.append(torch.baddbmm(U0[n], W[n], starts[-1], alpha=-1))
+        S = torch.baddbmm(starts[-1], k_down_t[n], news[-1])
+    O = (q_up @ torch.stack(starts) + P @ torch.stack(news)) * scale           # [N, BH, C, V]
+    O = O.view(N, B, H, C, -1).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, -1)[:, :T]
+    return O, S, spread
+
+
+_FACTORED = compiled.op("kda_chunked", kda_factored)
+
+
+def kda_chunked_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+                         scale: float | None = None, initial_state: torch.Tensor | None = None,
+                         output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`kda_chunked`, through the compiled `kda_factored` where that pays: with autograd, while the compiled path is
+    on (tiny_k3/compiled.py). Elsewhere, and where a chunk's decay is too strong to factor, `kda_chunked` itself:
+    without autograd on the CPU its segment form is faster than the compiled kernel (bench/bench_kda.py), and a
+    kernel per prompt length would compile again for every prompt. The chunk length does not change the result.
+    """
+    B, T, H, K, V = check_inputs("kda_chunked", q, k, v, g, beta, initial_state)
+    kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, chunk_size=chunk_size)
+    tensors = [t for t in (q, k, v, g, beta, initial_state) if t is not None]
+    if not compiled.enabled() or T == 0 or not autograd_needed(tensors):
+        return kda_chunked(q, k, v, g, beta, **kwargs)
+    out_dtype, dtype = q.dtype, compute_dtype(*tensors)
+    S = (q.new_zeros(B * H, K, V, dtype=dtype) if initial_state is None
+         else initial_state.to(dtype).reshape(B * H, K, V))
+    o, S, spread = _FACTORED(*(t.to(dtype) for t in (q, k, v, g, beta)), S,
+                             K ** -0.5 if scale is None else scale, _COMPILED_CHUNK)
+    if float(spread) > _max_safe_spread(dtype):
+        return kda_chunked(q, k, v, g, beta, **kwargs)
+    return o.to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)

@@ -42,9 +42,11 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from . import compiled
 from .config import ConfigError, K3Config
 from .corpus import MAX_FILLER
 from .data import Rows, Stage, corpus_rows, curriculum_rows, stage_of
+from .hooks import Hooks
 from .model import TinyK3
 from .recall import make_probes, recall_accuracy
 from .weights import config_for, save_pretrained, stored_config, stored_state, weights_path
@@ -75,6 +77,11 @@ ANSWERS_FIRST = (
     Stage(max_filler=128, recall_share=0.6, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
     Stage(max_filler=MAX_FILLER, recall_share=0.45, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
 )
+# CURRICULUM with state dropout (Stage.forget_share): from the second stage on, at half of the recall marks every
+# KDA layer forgets its state, so those queries can be answered only from the MLA cache. Without it the hybrid's
+# KDA layers learn every look-up first and its MLA carries nothing (hiding the definitions from it cost 0 points
+# at 52 pairs). A model without KDA layers (the twin) trains exactly as under CURRICULUM.
+CURRICULUM_FORGET = (CURRICULUM[0], *(dataclasses.replace(stage, forget_share=0.5) for stage in CURRICULUM[1:]))
 QK_GAIN = 4.0   # the recipe's MLA logit scale at init (scale_attention_logits_at_init; docs/recall.md, run t7)
 # The curriculum of the checkpoints before issue 34 (1-26 pairs, rows of 128 then 256 bytes), kept to compare.
 CURRICULUM_26 = (
@@ -92,7 +99,7 @@ INDUCTION_CURRICULUM = (
     Stage(max_filler=128, recall_share=0.6, seq_len=320, batch=10, copy_share=0.05),
     Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=320, batch=10),
 )
-CURRICULA = {"shipped": CURRICULUM, "answers-first": ANSWERS_FIRST, "pairs26": CURRICULUM_26,
+CURRICULA = {"shipped": CURRICULUM, "answers-first": ANSWERS_FIRST, "forget": CURRICULUM_FORGET, "pairs26": CURRICULUM_26,
              "induction": INDUCTION_CURRICULUM}
 ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
 
@@ -117,8 +124,10 @@ def scale_attention_logits_at_init(model: TinyK3, gain: float) -> None:
 
 
 def lm_loss(model: TinyK3, rows: Rows) -> torch.Tensor:
-    """Weighted mean next-token cross-entropy of rows [B, T + 1] (weights 1 everywhere: plain nats/byte)."""
-    logits, _ = model(rows.tokens[:, :-1])
+    """Weighted mean next-token cross-entropy of rows [B, T + 1] (weights 1 everywhere: plain nats/byte).
+    Where rows.forget marks tokens, every KDA layer forgets its state before them (Stage.forget_share)."""
+    forget = rows.forget[:, :-1] if rows.forget is not None and rows.forget.any() else None
+    logits, _ = model(rows.tokens[:, :-1], hooks=None if forget is None else Hooks(forget_before=forget))
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), rows.tokens[:, 1:].reshape(-1), reduction="none")
     w = rows.weights[:, 1:].reshape(-1)
     return (ce * w).sum() / w.sum()
@@ -324,9 +333,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--residual", choices=("block", "full", "standard"), default=None,
                         help="override the preset's residual (an ablation, not a shipped preset)")
     parser.add_argument("--no-bias-update", action="store_true", help="ablation: never move the router bias")
+    parser.add_argument("--mla-conv", action="store_true",
+                        help="ablation: KDA's short conv in front of the preset's own MLA layers too (mla_conv_layers)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--compile", action="store_true",
+                        help="run the compiled ops (tiny_k3/compiled.py, as TINY_K3_COMPILE=1): faster steps after a compile")
     return parser
 
 
@@ -337,13 +350,20 @@ def main(argv: list[str] | None = None) -> int:
         from .model import resolve_device
 
         config = config_for(args.preset)
-        suffix = (f"-{args.residual}" if args.residual else "") + ("-nobias" if args.no_bias_update else "")
+        suffix = ((f"-{args.residual}" if args.residual else "") + ("-nobias" if args.no_bias_update else "")
+                  + ("-mlaconv" if args.mla_conv else ""))
         if args.residual:
             config = config.replace(residual=args.residual)
+        if args.mla_conv:
+            config = config.replace(mla_conv_layers=tuple(sorted({*config.mla_conv_layers, *config.mla_layers})))
         if suffix:
             config = config.replace(name=config.name + suffix)
         if args.threads:
             torch.set_num_threads(args.threads)
+        if args.compile:
+            compiled.enable()
+        if compiled.enabled():
+            print("compiled path on (tiny_k3/compiled.py): the first steps of each shape include compiling", flush=True)
         device = resolve_device(args.device)
         from rich.console import Console
         console = Console()
@@ -359,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     eval_len = args.seq_len or CURRICULA[args.curriculum][-1].seq_len
     heldout = evaluate(model, heldout_rows(eval_len, model.device))
     info = _run_info(args, argv, config, result, heldout, eval_len, device)
+    if compiled.enabled():
+        print(f"compiled ops: {info['compiled']['seconds']:.1f} s of compiling, in the first steps' times", flush=True)
     path = save_checkpoint(model, weights_path(info["name"], Path(args.out)), info)
     print(f"saved {path} ({path.stat().st_size / 1e6:.2f} MB): final train loss {info['final_train_loss']}, "
           f"held-out {info['heldout_loss']} (fresh weights {info['heldout_loss_fresh']})")
@@ -383,6 +405,8 @@ def _run_info(args: argparse.Namespace, argv: list[str], config: K3Config, resul
         "cpu_seconds": round(result.cpu_seconds, 1), "command_cpu_seconds": round(time.process_time(), 1),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(device),
         "stored_dtypes": "matrices bfloat16, vectors float32",
+        "compiled": {"on": compiled.enabled(), "seconds": round(compiled.compile_seconds(), 1),
+                     "eager_because": {name: op.failed for name, op in compiled.ops().items() if op.failed}},
         "curve": {"step": result.steps[9::10], "train_loss": [round(sum(result.train_loss[i - 10:i]) / 10, 4)
                                                              for i in result.steps[9::10]],
                   "eval_step": result.eval_steps, "eval_loss": [round(x, 4) for x in result.eval_loss],

@@ -1,0 +1,124 @@
+"""The opt-in compiled path: one switch, and the ops it compiles (torch.compile, inductor, on CPU a C++ compiler).
+
+    TINY_K3_COMPILE=1 python ...          every op below runs compiled in this process
+    python -m tiny_k3.train --compile     the same for one training run (calls `enable()`)
+
+Off by default: the TUI and the lessons run the readable eager code and nobody waits for a compile. Each op that
+takes part is an `Op` made where the op is defined (`compiled.op(name, fn)`), so this switch is the one place that
+decides and every op keeps its eager reference beside it:
+
+| op                  | where                        | why it pays (bench/bench_train.py, bench/bench_kda.py)           |
+|---------------------|------------------------------|------------------------------------------------------------------|
+| `kda_chunked`       | kda_chunk.kda_chunked_compiled | with autograd: the chunk loop's small ops, forward and backward, as fused kernels |
+| `kda_gate`          | kda.kda_gate                 | the decay gate's five element-wise passes (and their backward) as one |
+
+Where no C++ compiler is found, or compiling an op fails, that op runs eager and one line says why (a
+RuntimeWarning): the compiled path never stops a run. Compiled and eager results agree to float rounding
+(tests/test_compiled.py: float64, forward and backward, each op and a whole training step).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import warnings
+
+import torch
+
+ENV_VAR = "TINY_K3_COMPILE"
+
+
+def switched_on(value: str | None) -> bool:
+    """Whether a value of TINY_K3_COMPILE turns the compiled path on: anything but unset, empty, 0, false, no, off."""
+    return (value or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+_enabled = switched_on(os.environ.get(ENV_VAR))
+_warned: set[str] = set()
+
+
+def enabled() -> bool:
+    """Whether the ops run compiled: TINY_K3_COMPILE set (not 0), or `enable()` called."""
+    return _enabled
+
+
+def enable(on: bool = True) -> None:
+    """Turn the compiled path on (or off) for this process, as TINY_K3_COMPILE=1 does at start-up."""
+    global _enabled
+    _enabled = on
+
+
+def compiler_problem() -> str | None:
+    """Why inductor cannot compile here, or None. On CPU it writes C++ and builds it with $CXX, g++, c++ or clang++
+    (torch's own search, torch._inductor.config.cpp.cxx, tries the same names)."""
+    names = [os.environ.get("CXX")] + ["g++", "c++", "clang++"]
+    if not any(name and shutil.which(name) for name in names):
+        return "no C++ compiler found ($CXX, g++, c++ or clang++), which inductor needs on the CPU"
+    return None
+
+
+def fall_back(name: str, reason: str) -> None:
+    """Say once per op (one line, a RuntimeWarning) that it runs eager, and why."""
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"tiny_k3: {name} runs eager, not compiled: {reason}", RuntimeWarning, stacklevel=3)
+
+
+class Op:
+    """`fn`, compiled on first use while the switch is on; `fn` itself while it is off or where compiling fails.
+
+    `dynamic` is torch.compile's: False compiles once per input shape (the fastest kernels; a training run has a
+    few shapes), True once for all shapes (ops whose shapes change every call). `compile_seconds` adds up the
+    calls that compiled (the first call at each new shape), for the benches and the training log.
+    """
+
+    def __init__(self, name: str, fn, dynamic: bool | None = False):
+        self.name, self.eager, self.dynamic = name, fn, dynamic
+        self._compiled = None
+        self.failed: str | None = None
+        self.compile_seconds = 0.0
+        self._shapes: set = set()
+
+    def __call__(self, *args, **kwargs):
+        if not _enabled or self.failed is not None:
+            return self.eager(*args, **kwargs)
+        if self._compiled is None:
+            problem = compiler_problem()
+            if problem is not None:
+                self.failed = problem
+                fall_back("the compiled path", problem)
+                return self.eager(*args, **kwargs)
+            self._compiled = torch.compile(self.eager, dynamic=self.dynamic)
+        key = tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args if isinstance(a, torch.Tensor))
+        start = time.perf_counter()
+        try:
+            result = self._compiled(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a compiler failure of any kind: run eager instead
+            result = self.eager(*args, **kwargs)   # an error of the inputs themselves raises here, as eager does
+            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            fall_back(self.name, self.failed)
+            return result
+        if key not in self._shapes:      # (a first call at this shape: most of its time is the compile)
+            self._shapes.add(key)
+            self.compile_seconds += time.perf_counter() - start
+        return result
+
+
+_OPS: dict[str, Op] = {}
+
+
+def op(name: str, fn, dynamic: bool | None = False) -> Op:
+    """The `Op` of `fn` under this name (one per name, listed by `ops()`)."""
+    _OPS[name] = Op(name, fn, dynamic)
+    return _OPS[name]
+
+
+def ops() -> dict[str, Op]:
+    """Every op registered so far, by name (what the benches and the training log report)."""
+    return dict(_OPS)
+
+
+def compile_seconds() -> float:
+    """Seconds spent in calls that compiled, over every op (0 while the switch is off)."""
+    return sum(o.compile_seconds for o in _OPS.values())
