@@ -16,6 +16,10 @@ Two measurements, both from one forward pass over the text so far (no Frame need
   A head is named as the one that *reads the value back* (`RecallMoment.reading_head`) only when the model
   answers the query right and that write explains at least MIN_SHARE of the head's read; a model at
   random init answers a stray byte, and no head is named.
+* **Whose reset hurts.** The share is a decomposition of one head's read, not a cause: another head (in
+  another layer) may matter more to the answer. So the query token is also run again with each KDA head's
+  state reset alone (HeadMatch.p_reset, Simulation.what_if(ResetState(layer, head)) at that token), for up to
+  CAUSAL_HEAD_LIMIT heads; `RecallMoment.most_needed_head` is the head whose reset lowers p(answer) most.
 * **Which sublayers moved the answer.** The logits are W_U (w * h / rms(h)) with h the output depth read,
   a weighted sum of depth sources (attnres.md §2); each sublayer output v_j lies in one source, so with
   rms(h) held fixed the answer's margin over the other digits splits exactly into one term per sublayer
@@ -29,6 +33,7 @@ Two measurements, both from one forward pass over the text so far (no Frame need
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,10 +47,12 @@ from tiny_k3.tokenizer import BOS, EOS, decode, encode
 
 DIGITS = [ord(str(d)) for d in range(10)]
 # A head reads the value back when the value token's write explains at least this share of its read at the
-# query. Measured on the shipped `small` (the default prompt and 24 recall lines): the head whose reset hurts
-# recall most has a share of 0.31 to 0.93; at random init the best head's share is 0.02 to 0.2 on `small` and
-# `k3-topo` while the model answers a stray byte (tests/test_recall_moment.py states both sides).
+# query. At random init the best head's share is 0.02 to 0.2 on `small` and `k3-topo` while the model answers a
+# stray byte (tests/test_recall_moment.py). A share is not a cause: on the shipped `small` the head whose reset
+# lowers p(answer) most can read the value with a share under this (L0 h1 on "b=2; r=4; | r="), so the panel
+# names both (most_needed_head).
 MIN_SHARE = 0.25
+CAUSAL_HEAD_LIMIT = 64   # reset each KDA head alone at the query when the model has at most this many (small: 12)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class HeadMatch:
     share: float           # <read, c_val> / |read|^2: the share of the read at the query that the value's write explains
     cosine: float          # cos(read at the query, the write u made at the value token)
     written_at: int        # the value token's position (whose write is matched)
+    p_reset: float | None = None   # p(intact answer) with this head's state reset at the query (None: not measured)
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,13 @@ class RecallMoment:
                     f"under {MIN_SHARE:.0%})")
         return None
 
+    @property
+    def most_needed_head(self) -> HeadMatch | None:
+        """The KDA head whose reset alone lowers p(answer) most (HeadMatch.p_reset), or None when no head's
+        reset was measured (no KDA layer, or more than CAUSAL_HEAD_LIMIT heads)."""
+        measured = [h for h in self.heads if h.p_reset is not None]
+        return min(measured, key=lambda h: h.p_reset) if measured else None
+
     def top_moves(self, n: int = 3) -> tuple[LogitMove, ...]:
         return tuple(sorted(self.moves, key=lambda m: -abs(m.margin))[:n])
 
@@ -263,6 +278,10 @@ def recall_moment(model, ids: list[int], position: int) -> RecallMoment | None:
             share = float(read[h] @ term[h]) / norm2 if norm2 > 0 else 0.0
             cos = float(torch.nn.functional.cosine_similarity(read[h], writes[value_at, h], dim=0))
             heads.append(HeadMatch(layer, h, share, cos, value_at))
+    rerun = QueryRerun(model, ids, query.position)
+    if len(heads) <= CAUSAL_HEAD_LIMIT:
+        heads = [dataclasses.replace(m, p_reset=rerun.p_answer(Hooks(reset_heads={m.layer: (m.head,)})))
+                 for m in heads]
     heads.sort(key=lambda m: -m.share)
 
     cfg = model.config
@@ -283,40 +302,55 @@ def recall_moment(model, ids: list[int], position: int) -> RecallMoment | None:
         moves.append(LogitMove(f"L{layer} {site} · {kind.upper()}", layer, site, share(out, source)))
     margin = float(direction @ (scale * h))
     predicted = decode([int(logits[0, -1, :EOS + 1].argmax())]) or "?"   # the ids past EOS are unused padding rows
-    return RecallMoment(query, tuple(heads), tuple(moves), margin, predicted, layer_kinds(model, ids, query))
+    return RecallMoment(query, tuple(heads), tuple(moves), margin, predicted, layer_kinds(model, ids, query, rerun))
 
 
 def _token_text(logits: torch.Tensor) -> str:
     return decode([int(logits[:EOS + 1].argmax())]) or "?"   # the ids past EOS are unused padding rows
 
 
+class QueryRerun:
+    """The query token run again from the cache of the text before it, intact or under hooks (the one-token
+    what-if of Simulation.what_if at that token)."""
+
+    @torch.no_grad()
+    def __init__(self, model, ids: list[int], position: int):
+        self.model = model
+        _, self.before = model(torch.tensor([ids[:position]], device=model.device))
+        self.token = torch.tensor([[ids[position]]], device=model.device)
+        self.intact = self.logits(None)
+        self.answer_id = int(self.intact.argmax())
+
+    @torch.no_grad()
+    def logits(self, hooks: Hooks | None) -> torch.Tensor:
+        """The query's logits [EOS + 1] (float64) under `hooks` (None: as trained): the real tokens only, as the
+        what-if keeps them (the ids past EOS are unused padding rows), so the probabilities are the what-if's."""
+        logits, _ = self.model(self.token, self.before.clone(), hooks=hooks)
+        return logits[0, -1, :EOS + 1].double()
+
+    def p_answer(self, hooks: Hooks | None) -> float:
+        """p(the intact answer) under `hooks`."""
+        return float(torch.softmax(self.logits(hooks), -1)[self.answer_id])
+
+
 @torch.no_grad()
-def layer_kinds(model, ids: list[int], query: RecallQuery) -> LayerKinds:
+def layer_kinds(model, ids: list[int], query: RecallQuery, rerun: QueryRerun | None = None) -> LayerKinds:
     """Run the query token again from the cache of ids[:query.position], intact, with the MLA layers' window
     ending after the queried value (window = position - value_at: the value token falls out of it) and with
     every KDA state reset (tiny_k3.hooks: the same hooks Simulation.what_if uses for TruncateContext and
-    ResetState)."""
+    ResetState). `rerun`: the QueryRerun of that token, if one is at hand."""
     cfg = model.config
-    position = query.position
-    _, before = model(torch.tensor([ids[:position]], device=model.device))
-    token = torch.tensor([[ids[position]]], device=model.device)
-
-    def run(hooks: Hooks | None) -> torch.Tensor:
-        logits, _ = model(token, before.clone(), hooks=hooks)
-        return logits[0, -1].double()
-
-    intact = run(None)
-    answer_id = int(intact[:EOS + 1].argmax())
+    rerun = QueryRerun(model, ids, query.position) if rerun is None else rerun
 
     def test(change: str, hooks: Hooks) -> KindTest:
-        logits = run(hooks)
-        return KindTest(change, _token_text(logits), float(torch.softmax(logits, -1)[answer_id]))
+        logits = rerun.logits(hooks)
+        return KindTest(change, _token_text(logits), float(torch.softmax(logits, -1)[rerun.answer_id]))
 
-    window = position - query.value_at
+    window = query.position - query.value_at
     mla = test(f"MLA window {window}", Hooks(attention_window=window)) if cfg.mla_layers else None
     kda = test("every KDA state reset", Hooks(reset_heads={layer: tuple(range(cfg.kda_heads))
                                                           for layer in cfg.kda_layers})) if cfg.kda_layers else None
-    return LayerKinds(_token_text(intact), float(torch.softmax(intact, -1)[answer_id]), mla, kda)
+    return LayerKinds(_token_text(rerun.intact), float(torch.softmax(rerun.intact, -1)[rerun.answer_id]), mla, kda)
 
 
 def recall_query_positions(text: str) -> list[int]:

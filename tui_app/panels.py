@@ -215,12 +215,28 @@ def recall_line(moment, frames: list[Frame], layer: int, head: int) -> Text:
     best, q = moment.reading_head, moment.query
     if best is None:
         return Text.assemble(("recall ", "bold magenta"), f"{q.key}={q.value}: no KDA head reads it back "
-                             f"({moment.why_no_head})")
+                             f"({moment.why_no_head})", needed_clause(moment, None))
     shown = " (this head)" if (best.layer, best.head) == (layer, head) else ""
     return Text.assemble(("recall ", "bold magenta"), (f"L{best.layer} h{best.head} reads back {q.key}={q.value}",
                                                        "bold"),
                          f": the write at the value {quoted(frames[best.written_at].input_text)} (position "
-                         f"{best.written_at}) is {best.share:.0%} of its read, cos {best.cosine:.2f}{shown}")
+                         f"{best.written_at}) is {best.share:.0%} of its read, cos {best.cosine:.2f}{shown}",
+                         needed_clause(moment, best))
+
+
+def needed_clause(moment, named) -> str:
+    """What resetting heads does to p(answer) (sim.recall_moment: HeadMatch.p_reset, the what-if of each head):
+    the named head's own reset, and the head whose reset lowers it most when that is another one. A share of the
+    read is not a cause; this is. Empty when no reset was measured or the answer is wrong."""
+    needed = moment.most_needed_head
+    if needed is None or moment.kinds is None or not moment.answered:
+        return ""
+    p = moment.kinds.p_answer
+    own = (f"; its reset alone: p {p:.2f} → {named.p_reset:.2f}"
+           if named is not None and named.p_reset is not None else "")
+    if named is not None and (needed.layer, needed.head) == (named.layer, named.head):
+        return own + " (no other head's reset lowers it more)"
+    return own + f"; the reset that lowers it most: L{needed.layer} h{needed.head} (p → {needed.p_reset:.2f})"
 
 
 def carried_line(moment) -> Text:

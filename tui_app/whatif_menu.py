@@ -58,7 +58,13 @@ def _state(v: View) -> list[tuple[str, tuple]]:
         q = v.recall.query
         items.append((f"reset L{best.layer} h{best.head}, the head that reads back {q.key}={q.value}",
                       (ResetState(best.layer, best.head),)))
-    if best is None or (best.layer, best.head) != (layer, head):     # the shown head, unless it is that one
+    needed = None if v.recall is None or not v.recall.answered else v.recall.most_needed_head
+    if needed is not None and (best is None or (needed.layer, needed.head) != (best.layer, best.head)):
+        q = v.recall.query                  # the head whose reset alone lowers p(answer) most (measured)
+        items.append((f"reset L{needed.layer} h{needed.head}, the head whose reset lowers p({q.value}) most",
+                      (ResetState(needed.layer, needed.head),)))
+    named = {(h.layer, h.head) for h in (best, needed) if h is not None}
+    if (layer, head) not in named:                                   # the shown head, unless it is named above
         items.append((f"reset head {head} of KDA layer {layer}", (ResetState(layer, head),)))
     return items + [(f"reset KDA layer {layer}", (ResetState(layer),)),
                     ("reset every KDA layer", (ResetState(),)),
