@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tiny_k3 import K3Config, TinyK3, compiled
+from tiny_k3.attnres import DepthAttention, depth_attention, depth_attention_of
 from tiny_k3.data import corpus_rows
 from tiny_k3.kda import kda_gate, kda_recurrent
 from tiny_k3.kda_chunk import kda_chunked, kda_chunked_compiled, kda_factored
@@ -110,6 +111,38 @@ def test_compiled_decay_gate_equals_eager(compiling, lower_bound):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 
 
+def _depth_read_and_grads(depth, sources, probe):
+    h, weights = depth(sources)
+    grads = torch.autograd.grad(h.pow(2).sum() + (weights * probe).sum(), [*sources, depth.query, depth.key_norm])
+    return [h.detach(), weights.detach(), *grads]
+
+
+@needs_compiler
+def test_compiled_depth_read_equals_eager_forward_and_backward(compiling):
+    torch.manual_seed(0)
+    depth = DepthAttention(8, dtype=F64)
+    with torch.no_grad():
+        depth.query.normal_()                       # not the zero init: weights far from uniform
+        depth.key_norm.uniform_(0.5, 1.5)
+    sources = [torch.randn(2, 5, 8, dtype=F64, requires_grad=True) for _ in range(3)]
+    probe = torch.randn(2, 5, 3, dtype=F64)
+    got = _depth_read_and_grads(depth, sources, probe)
+    read = compiled.ops()["depth_attention"]
+    assert read.failed is None and read.compile_seconds > 0, "the compiled read ran"
+    compiled.enable(False)
+    want = _depth_read_and_grads(depth, sources, probe)
+    for name, a, b in zip(["h", "weights", "dv0", "dv1", "dv2", "dquery", "dkey_norm"], got, want):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=name)
+
+
+def test_depth_attention_of_separate_sources_is_the_stacked_read():
+    sources = [torch.randn(2, 3, 4, dtype=F64) for _ in range(2)]
+    query, gain = torch.randn(4, dtype=F64), torch.rand(4, dtype=F64)
+    for a, b in zip(depth_attention_of(query, gain, 1e-6, *sources),
+                    depth_attention(torch.stack(sources), query, gain, 1e-6)):
+        assert torch.equal(a, b)
+
+
 @needs_compiler
 def test_a_compiled_training_step_equals_an_eager_one(compiling):
     config = K3Config.preset("tiny")
@@ -123,7 +156,7 @@ def test_a_compiled_training_step_equals_an_eager_one(compiling):
     compiled.enable(True)
     loss_fast = lm_loss(fast, rows)
     loss_fast.backward()
-    assert compiled.ops()["kda_chunked"].compile_seconds > 0
+    assert compiled.ops()["kda_chunked"].compile_seconds > 0 and compiled.ops()["depth_attention"].compile_seconds > 0
     torch.testing.assert_close(loss_fast, loss_eager, atol=TOL, rtol=0)
     for (name, a), b in zip(fast.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=TOL, rtol=0, msg=name)
@@ -198,3 +231,12 @@ def test_train_with_compile_says_so_in_its_log_and_record(compiling, tmp_path, c
     info = json.loads((tmp_path / "tiny.json").read_text())
     assert info["compiled"]["on"] and info["compiled"]["eager_because"] == {}
     assert "compiled path on" in capsys.readouterr().out
+
+
+def test_allow_recompiles_raises_the_limit_and_never_lowers_it(monkeypatch):
+    import torch._dynamo.config as dynamo
+    monkeypatch.setattr(dynamo, "recompile_limit", 8)
+    compiled.allow_recompiles(40)
+    assert dynamo.recompile_limit == 40
+    compiled.allow_recompiles(10)
+    assert dynamo.recompile_limit == 40

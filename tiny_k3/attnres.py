@@ -19,7 +19,8 @@ import functools
 import torch
 from torch import nn
 
-from .fused import CachedWeights, constant
+from . import compiled
+from .fused import CachedWeights, autograd_needed, constant
 from .norm import rms_norm
 
 
@@ -43,6 +44,18 @@ def depth_attention(sources: torch.Tensor, query: torch.Tensor, norm_weight: tor
     return h, weights.permute(1, 2, 0).to(sources.dtype)
 
 
+def depth_attention_of(query: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
+                       *sources: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`depth_attention(torch.stack(sources), query, norm_weight, eps)`, the sources [B, T, D] passed apart: the
+    form the compiled path compiles (its kernels read each source where it lies, no stacked copy is made)."""
+    return depth_attention(torch.stack(sources), query, norm_weight, eps)
+
+
+# A depth read with autograd: stack, RMSNorm, logits, softmax, weighted sum and their backward as a few fused
+# kernels where TINY_K3_COMPILE asks (tiny_k3/compiled.py); one compile per number of sources (1..5 in `small`).
+_DEPTH_READ = compiled.op("depth_attention", depth_attention_of)
+
+
 class DepthAttention(nn.Module):
     """The pseudo-query w_l and key norm of one sublayer; zero-initialised (attnres.md §3)."""
 
@@ -56,6 +69,8 @@ class DepthAttention(nn.Module):
 
     def forward(self, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """sources: list of N tensors [B, T, D] -> (h [B, T, D], weights [B, T, N])."""
+        if compiled.enabled() and autograd_needed([*sources, self.query, self.key_norm]):
+            return _DEPTH_READ(self.query, self.key_norm, self.eps, *sources)
         stacked = torch.stack(sources)
         if torch.is_grad_enabled() or stacked.dtype not in (torch.float32, torch.float64):
             return depth_attention(stacked, self.query, self.key_norm, self.eps)

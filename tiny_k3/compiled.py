@@ -11,6 +11,7 @@ decides and every op keeps its eager reference beside it:
 |---------------------|------------------------------|------------------------------------------------------------------|
 | `kda_chunked`       | kda_chunk.kda_chunked_compiled | with autograd: the chunk loop's small ops, forward and backward, as fused kernels |
 | `kda_gate`          | kda.kda_gate                 | the decay gate's five element-wise passes (and their backward) as one |
+| `depth_attention`   | attnres.depth_attention_of   | a depth read with autograd (stack, norm, softmax, sum; backward) in a few kernels: ~5x |
 
 Where no C++ compiler is found, or compiling an op fails, that op runs eager and one line says why (a
 RuntimeWarning): the compiled path never stops a run. Compiled and eager results agree to float rounding
@@ -89,6 +90,7 @@ class Op:
                 self.failed = problem
                 fall_back("the compiled path", problem)
                 return self.eager(*args, **kwargs)
+            allow_recompiles()
             self._compiled = torch.compile(self.eager, dynamic=self.dynamic)
         key = tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args if isinstance(a, torch.Tensor))
         start = time.perf_counter()
@@ -103,6 +105,19 @@ class Op:
             self._shapes.add(key)
             self.compile_seconds += time.perf_counter() - start
         return result
+
+
+# Graphs one op may keep (torch's `recompile_limit`, 8 by default, after which it silently runs eager): a static op
+# compiles once per shape, and a run meets several, e.g. the depth read once per number of sources (1 to 5 in
+# `small`) at each curriculum stage's rows.
+RECOMPILE_LIMIT = 64
+
+
+def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
+    """Let every compiled op keep at least `limit` graphs (torch._dynamo.config.recompile_limit)."""
+    import torch._dynamo.config as dynamo   # (inside: importing dynamo costs time that eager runs never pay)
+    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"   # (older torch)
+    setattr(dynamo, name, max(getattr(dynamo, name), limit))
 
 
 _OPS: dict[str, Op] = {}

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import K3Config
-from .fused import constant
+from .fused import autograd_needed, constant, scratch_buffer
 from .moe_fast import FastPaths
 from .norm import RMSNorm
 from .probe import NO_RECORDER, Recorder
@@ -69,10 +69,16 @@ def route(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormali
 
 def chosen_weights(scores: torch.Tensor, expert_ids: torch.Tensor, renormalize: bool, scaling: float) -> torch.Tensor:
     """The chosen experts' unbiased scores [..., k], divided by their sum + 1e-20 (when k > 1: see `route`) and
-    times `scaling`.
+    times `scaling` (`mixing_weights` of scores.gather(-1, expert_ids))."""
+    return mixing_weights(scores.gather(-1, expert_ids), renormalize, scaling)
+
+
+def mixing_weights(chosen: torch.Tensor, renormalize: bool, scaling: float) -> torch.Tensor:
+    """chosen [..., k]: the chosen experts' unbiased scores -> their weights: divided by their sum + 1e-20 (when
+    k > 1: see `route`), times `scaling`.
     (The constants are tensors of the scores' dtype: the same numbers as Python floats, without a cast per op.)"""
-    weights = scores.gather(-1, expert_ids)
-    if renormalize and expert_ids.shape[-1] > 1:
+    weights = chosen
+    if renormalize and chosen.shape[-1] > 1:
         weights = weights / weights.sum(-1, keepdim=True).add_(constant(1e-20, weights))
     if scaling != 1.0:
         weights = weights * constant(scaling, weights)
@@ -121,6 +127,42 @@ class GatedMLP(nn.Module):
         return self.w2(glu(self.w1(x), self.w3(x), self.config))
 
 
+class ChosenScores(torch.autograd.Function):
+    """s[n, ids[n]] = sigmoid(x_n . W_{ids[n, j]}) [N, k], whose backward works only at the k chosen experts.
+
+    x [N, D], weight [E, D], scores [N, E] = sigmoid(x W^T) computed without autograd (the selection needs them
+    all), ids [N, k]. The forward is a gather: the same numbers as the full-width scores. The loss depends on the
+    scores through the k chosen of each row only (the weights; the selection is piecewise constant), so the
+    full-width backward (dL/ds [N, E] zero but for k entries, sigmoid's backward and two products over all E:
+    `Router.full_width`) does E/k = 56 times the work needed. With a = x W^T and g = dL/ds_chosen [N, k]:
+
+        dL/da = g * s (1 - s)                          sigmoid' from its output, at the chosen entries    [N, k]
+        dL/dx_n = sum_j dL/da_nj W_{ids[n, j]}         an embedding bag: k rows of W, weighted             [N, D]
+        dL/dW_e = sum_{(n, j): ids[n, j] = e} dL/da_nj x_n    a sparse [E, N] (k entries per column) @ x   [E, D]
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        chosen = scores.gather(-1, ids)
+        ctx.save_for_backward(x, weight, ids, chosen)
+        return chosen
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, ids, chosen = ctx.saved_tensors
+        grad_logits = grad * chosen * (1 - chosen)                                         # [N, k]
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_x = F.embedding_bag(ids, weight, per_sample_weights=grad_logits, mode="sum")
+        if ctx.needs_input_grad[1]:
+            tokens = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1).expand_as(ids)
+            pairs = torch.sparse_coo_tensor(torch.stack([ids, tokens]).view(2, -1), grad_logits.reshape(-1),
+                                            (weight.shape[0], ids.shape[0]), check_invariants=False)   # [E, N]
+            grad_weight = torch.sparse.mm(pairs, x)
+        return grad_x, grad_weight, None, None
+
+
 class Router(nn.Module):
     """Sigmoid router with K3's selection bias.
 
@@ -143,7 +185,29 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor, hooks=None, layer: int = 0) -> Routing:
         """x [..., D] -> Routing. Scores in fp32 (or wider, for a float64 x) on the full-width state (§1c).
 
-        `hooks` (tiny_k3.hooks.Hooks) may block, force or unbias this layer's selection; None: as trained."""
+        `hooks` (tiny_k3.hooks.Hooks) may block, force or unbias this layer's selection; None: as trained.
+        With autograd the scores of all E experts are computed without it (they only select) and the weights
+        carry the gradient through the k chosen scores alone (`ChosenScores`): the same values and, to float
+        rounding, the same gradients as `full_width`, its reference."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        x, weight = x.to(dtype), self.weight.to(dtype)
+        if not autograd_needed((x, weight)):
+            return self.choose(torch.sigmoid(F.linear(x, weight)), hooks, layer)
+        with torch.no_grad():
+            scores = F.linear(x, weight).sigmoid_()                      # [..., E], no autograd history
+            if hooks is not None and hooks.changes_routing(layer):
+                ids = hooks.route(layer, scores, self).expert_ids
+            else:   # s + b in a reused buffer: it only selects (a fresh [N, E] costs its page faults)
+                biased = torch.add(scores, self.bias, out=scratch_buffer("router biased", scores.shape, scores))
+                ids = top_k_ids(biased, self.top_k)
+        k = ids.shape[-1]
+        chosen = ChosenScores.apply(x.reshape(-1, x.shape[-1]), weight, scores.view(-1, scores.shape[-1]),
+                                    ids.reshape(-1, k)).view(ids.shape)
+        return Routing(ids, mixing_weights(chosen, self.renormalize, self.scaling), scores)
+
+    def full_width(self, x: torch.Tensor, hooks=None, layer: int = 0) -> Routing:
+        """`forward` as the math reads, the reference of its training path: with autograd, the gradient flows
+        through the scores of all E experts (all but k per row get a zero)."""
         dtype = torch.promote_types(x.dtype, torch.float32)
         return self.choose(torch.sigmoid(F.linear(x.to(dtype), self.weight.to(dtype))), hooks, layer)
 
