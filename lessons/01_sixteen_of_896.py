@@ -234,8 +234,9 @@ print(f"its weight = s / Σ s[ids] = {s[idle]:.5f} / {s[after.expert_ids].sum():
 # instead (§3c) and freezes it at inference; the effect is the same: flat load.
 #
 # Below, a router with the small preset's shapes sees 512 tokens that share a common direction
-# (as real hidden states do), so a few experts win almost everything. Then we run the real
-# `Router.update_bias` (γ = 0.001, DeepSeek-V3's value) for 120 batches.
+# (as real hidden states do), so the load piles up: a few dozen of the 896 experts take half of the routed slots
+# and hundreds take none (the cell prints how many). Then we run the real `Router.update_bias` (γ = 0.001,
+# DeepSeek-V3's value) for 120 batches.
 
 # %%
 torch.manual_seed(0)
@@ -252,7 +253,18 @@ with torch.no_grad():
         history.append((load.max() / load.mean()).item())
         router.update_bias(load, rate=1e-3)
 load_after = load
-facts.update(balance_before=history[0], balance_after=history[-1])
+
+
+def half_of_slots(load):
+    """The fewest experts that take half of the routed slots."""
+    busiest = load.sort(descending=True).values
+    return int((busiest.cumsum(0) < busiest.sum() / 2).sum()) + 1
+
+
+facts.update(balance_before=history[0], balance_after=history[-1], half_slots_before=half_of_slots(load_before),
+             idle_before=int((load_before == 0).sum()))
+print(f"before balancing, half of the {int(load_before.sum()):,} routed slots go to the {half_of_slots(load_before)} "
+      f"busiest of {cfg.num_experts} experts ({half_of_slots(load_after)} after)")
 print(f"max/mean load: {history[0]:.1f} before, {history[-1]:.2f} after 120 updates; "
       f"idle experts: {(load_before == 0).sum()} -> {(load_after == 0).sum()}")
 

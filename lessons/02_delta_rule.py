@@ -423,8 +423,8 @@ plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # One prompt is one example. The same measurement on eight more recall lines of two pairs each (the corpus's own
-# format, `tiny_k3.recall.make_probes`): is the answer right, which head matches the definition best, and how
-# well?
+# format, `tiny_k3.recall.make_probes`): is the answer right, which head ranks first (by the same share as above:
+# how much of its read the value's write explains), and that head's cosine with the write.
 
 # %%
 rows = []
@@ -433,15 +433,15 @@ for probe in make_probes(8, 2, 16, seed=22):
     m = recall_moment(model, line_ids, probe.answer_at[0])          # the first query after the mark
     rows.append((m.predicted == m.query.value, (m.best_head.layer, m.best_head.head), m.best_head.cosine))
     print(f"{decode(line_ids[1:probe.answer_at[0] + 1])!r:62s} → {m.predicted!r} "
-          f"({'right' if rows[-1][0] else 'wrong, ' + repr(m.query.value)}); best head L{m.best_head.layer} "
-          f"h{m.best_head.head}, cosine {m.best_head.cosine:.2f}")
+          f"({'right' if rows[-1][0] else 'wrong, ' + repr(m.query.value)}); ranked first by share: "
+          f"L{m.best_head.layer} h{m.best_head.head} (share {m.best_head.share:.2f}, cosine {m.best_head.cosine:.2f})")
 heads_seen = [r[1] for r in rows]
 common = max(set(heads_seen), key=heads_seen.count)
 facts.update(lines_right=sum(r[0] for r in rows), lines=len(rows), common_head=list(common),
              common_head_count=heads_seen.count(common), mean_best_cosine=float(np.mean([r[2] for r in rows])))
-print(f"\nanswers right: {percent_ci(facts['lines_right'], len(rows))}; head L{common[0]} h{common[1]} is the best "
-      f"match in {percent_ci(facts['common_head_count'], len(rows))} of the lines; mean best cosine "
-      f"{facts['mean_best_cosine']:.2f} (eight lines: the intervals are wide, read them before the rates)")
+print(f"\nanswers right: {percent_ci(facts['lines_right'], len(rows))}; head L{common[0]} h{common[1]} ranks first "
+      f"(by share) in {percent_ci(facts['common_head_count'], len(rows))} of the lines; the first-ranked heads' "
+      f"mean cosine {facts['mean_best_cosine']:.2f} (eight lines: the intervals are wide, read them before the rates)")
 
 # %% [markdown]
 # Read the cosines with the printed verdicts. A read that matches a write made at the definition, across the

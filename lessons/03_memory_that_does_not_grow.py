@@ -445,12 +445,13 @@ facts.update(recall=recall, recall_interval=interval, held=held, pairs=list(PAIR
 print(f"exact recall, {FILLER} tokens of filler ({', '.join(f'{len(probes[p])}' for p in PAIRS)} lines per point; "
       f"chance {CHANCE:.0%}) with its Wilson 95 % interval, and the decode cache at the first query (mean over the "
       "lines; live cache == formula):")
-print(f"{'pairs':24s}" + "".join(f"{p:>13d}" for p in PAIRS))
-print(f"{'  answers scored':24s}" + "".join(f"{n:>13d}" for n in facts["recall_answers"]))
+COL = 15                                               # "100% [93,100]" is 13 characters: two spaces between cells
+print(f"{'pairs':24s}" + "".join(f"{p:>{COL}d}" for p in PAIRS))
+print(f"{'  answers scored':24s}" + "".join(f"{n:>{COL}d}" for n in facts["recall_answers"]))
 for name, what in MODELS.items():
     print(f"{name + ' (' + what + ')':24s}" + "".join(
-        f"{f'{a:.0%} [{100 * lo:.0f},{100 * hi:.0f}]':>13s}" for a, (lo, hi) in zip(recall[name], interval[name])))
-    print(f"{'  cache at the query':24s}" + "".join(f"{format_bytes(b):>13s}" for b in held[name]))
+        f"{f'{a:.0%} [{100 * lo:.0f},{100 * hi:.0f}]':>{COL}s}" for a, (lo, hi) in zip(recall[name], interval[name])))
+    print(f"{'  cache at the query':24s}" + "".join(f"{format_bytes(b):>{COL}s}" for b in held[name]))
 
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.4))

@@ -161,7 +161,9 @@ print("This checkpoint reads the prompt through its " + ("KDA states: wiping the
 # up; if the MLA layers are there to carry what the state cannot, it should show on lines with many pairs. The
 # same two cuts, on many recall lines at once (`tiny_k3.recall`): *MLA blind* drops the definitions' rows from
 # both MLA caches just before the queries (under NoPE that is exact masking), *KDA reset* wipes every state
-# there. Each cell is exact recall over all the answers of the lines, with its Wilson 95 % interval.
+# there. Each cell is exact recall over all the answers of the lines, with its Wilson 95 % interval. That interval
+# counts answers, and the answers of one line share its state: with 4 lines at 52 pairs they are not 208
+# independent draws, so read it as the least the uncertainty can be, and a small gap as no gap.
 
 # %%
 from tiny_k3.recall import (Score, compare, edited_recall_hits, hide_definitions_from_mla,  # noqa: E402

@@ -277,7 +277,7 @@ def pairs_text(pairs: list[int]) -> str:
 def say(verdict_: dict) -> list[str]:
     lines = []
     for name, pairs in verdict_["above_chance_at"].items():
-        weak = " (one interval of seven: weak evidence)" if len(pairs) == 1 else ""
+        weak = f" (one interval of {len(PAIRS)}: weak evidence)" if len(pairs) == 1 else ""
         lines.append(f"{name} recalls above chance at {pairs_text(pairs)}{weak}" if pairs else
                      f"{name} is not distinguishable from chance at any number of pairs")
     for name, pairs in verdict_["ahead_at"].items():
@@ -329,8 +329,18 @@ def summary() -> dict:
 if os.environ.get("TINY_K3_LESSON_RECORD") == "1" and not FAST:
     RECORD.write_text(json.dumps(summary(), indent=1) + "\n")
     print(f"recorded this run in {RECORD.name}")
+def with_defaults(recipe: dict) -> dict:
+    """A recorded recipe with every Stage field added since the record at its default (Stage(**recorded stage)):
+    a field at its default changes nothing the run does, so the recipe is the same. A field the record has and
+    Stage no longer knows leaves the stage as recorded (then it differs, and the line below says so)."""
+    known = {f.name for f in dataclasses.fields(Stage)}
+    stages = {n: [dataclasses.asdict(Stage(**s)) if set(s) <= known else s for s in c]
+              for n, c in recipe["curricula"].items()}
+    return json.loads(json.dumps({**recipe, "curricula": stages}))                  # tuples read back as lists
+
+
 recorded = json.loads(RECORD.read_text())
-same_recipe = recorded["recipe"] == json.loads(json.dumps(summary()["recipe"]))     # tuples read back as lists
+same_recipe = with_defaults(recorded["recipe"]) == json.loads(json.dumps(summary()["recipe"]))
 facts.update(recorded_steps=recorded["steps"], recorded_same_recipe=same_recipe,
              recorded_verdict=reading(recorded["after"]),
              recorded_cpu_seconds=sum(recorded["cpu_seconds"].values()),

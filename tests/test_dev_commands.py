@@ -78,6 +78,22 @@ def test_an_unreachable_cpu_index_is_one_line_then_the_default_index_at_once(mon
     assert "default index" in lines[0] and "CUDA" in lines[0]           # what the fallback may cost on Linux
 
 
+def test_an_unreachable_cpu_index_costs_seconds_with_a_real_pip(monkeypatch, tmp_path):
+    """Issue 35: "an unreachable index must cost seconds, not minutes". A real pip (no fake) asks a closed local port
+    with dev.py's own options for the CPU index and gives up at once, so the fallback can start. --isolated: no
+    pip.conf or PIP_* variable of this machine (a local wheel, another index) answers in the index's place."""
+    import time
+
+    monkeypatch.setattr(torch_index, "TORCH_CPU_INDEX", CLOSED_INDEX)
+    argv = [sys.executable, "-m", "pip", "download", "--isolated", "--no-cache-dir", "--no-deps", "-d", str(tmp_path),
+            *torch_index.cpu_index_options(), torch_index.TORCH]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - start
+    assert done.returncode != 0, done.stdout[-1000:]
+    assert seconds < 30, f"pip took {seconds:.0f} s to give up on an unreachable index"
+
+
 def test_the_wheelhouse_fetches_torch_the_same_way(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch_index, "TORCH_CPU_INDEX", CLOSED_INDEX)
     monkeypatch.setattr(wheelhouse, "_this_platform", lambda: "windows-x86_64")

@@ -98,3 +98,46 @@ def test_the_diagram_numbers_k3_as_it_numbers_the_small_model_and_clips_no_box()
     x_box = next(t for t in moe_ax.texts if t.get_text().startswith("x\n["))
     assert x_box.get_text() == f"x\n[{small.hidden_size}]"
     plt.close(fig)
+
+
+def test_lesson2_says_what_its_heads_are_ranked_by():
+    """Issue 35: "best match: layer 0, head 1, cosine 0.85" sat beside a panel where another head's cosine was higher.
+    Heads are ranked by the share of their read that the value's write explains; no line may call the first-ranked
+    head the best match, as if the ranking were by cosine."""
+    source = (LESSONS / "02_delta_rule.py").read_text(encoding="utf-8")
+    instructor = (LESSONS / "INSTRUCTOR.md").read_text(encoding="utf-8")
+    for name, text in (("lesson 2", source), ("INSTRUCTOR.md", instructor)):
+        for wording in ("best match", "best-matching", "best head"):
+            assert wording not in text.lower(), f"{name} says {wording!r}: say the head ranks first, and by what"
+    assert "ranked first by share" in source and "(the ranking is by share, not by this)" in source
+
+
+def test_lesson8_counts_the_intervals_it_reads():
+    """Lesson 8's section 5 says how many intervals it reads at once: two models at every number of pairs."""
+    source = (LESSONS / "08_train_it_yourself.py").read_text(encoding="utf-8")
+    pairs = re.search(r"^PAIRS, LINES, PROBE_SEED = \(([\d, ]+)\)", source, re.M).group(1).split(",")
+    words = {12: "Twelve", 14: "Fourteen", 16: "Sixteen", 18: "Eighteen"}
+    assert f"{words[2 * len(pairs)]} intervals are read at once here" in source, len(pairs)
+
+
+def test_lesson3_takeaway_quotes_k3s_state_and_cache_bytes():
+    """The take-away's "449 MB for K3" and "27.6 KB per token for K3's 24" are K3's config, in sim.memory's words."""
+    from sim.memory import format_bytes, kv_bytes_per_token, state_bytes_fixed
+
+    from tiny_k3 import K3Config
+
+    source = (LESSONS / "03_memory_that_does_not_grow.py").read_text(encoding="utf-8")
+    source = " ".join(source.replace("#", " ").split())                    # the markdown's lines as one text
+    k3 = K3Config.preset("k3")
+    fixed = state_bytes_fixed(k3)
+    state, per_token = round((fixed.state + fixed.conv) / 1e6), f"{kv_bytes_per_token(k3) / 1e3:.1f} KB"
+    assert f"fixed state per sequence ({state} MB for K3)" in source, format_bytes(fixed.state + fixed.conv)
+    assert f"({per_token} per token for K3's {len(k3.mla_layers)})" in source, per_token
+
+
+def test_lesson7_says_how_many_lines_its_many_pairs_cells_rest_on():
+    source = (LESSONS / "07_change_it_and_see.py").read_text(encoding="utf-8")
+    said = re.search(r"with (\d+) lines at (\d+) pairs they are not (\d+)\s*#?\s*independent draws", source)
+    assert said, "lesson 7 says how many lines the many-pairs cells rest on"
+    lines, pairs, answers = map(int, said.groups())
+    assert f"{pairs}: make_probes({lines}, {pairs}, 16," in source and answers == lines * pairs, said.group(0)

@@ -47,3 +47,28 @@ def test_the_readme_targets_block_is_a_verbatim_part_of_bench_recall_output():
             "README's targets differ from bench/results/bench_recall.txt: re-run bench/bench_recall.py and paste "
             "its section 5 into README.md")
         assert bench[start - 1].startswith("5. the targets"), "the whole section, from its first line"
+
+
+def test_the_readme_real_checkpoint_figures_are_the_code_s():
+    """"137 GB a token ... 68.5 s on a 2 GB/s disk; 25.8 GB with --keep" and "--download 0-3 ... 57.6 GB of the
+    1.56 TB" are what sim.real and sim.real_download compute from the committed table of the real index (lesson 6
+    prints the same download by the same code)."""
+    import json
+
+    from sim.real import layer_bytes
+    from sim.real_download import parse_layers, shard_sizes, shards_for
+    from tiny_k3 import K3Config
+    from tiny_k3.released import RELEASED_CONFIG, expand_table, layer_of, load_k3_table
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    per = layer_bytes(K3Config.preset("k3"))
+    token = per["non_expert_per_token"] + per["experts_per_token"]
+    assert (f"({token / 1e9:.0f} GB a token for the real K3, {token / 2e9:.1f} s on a 2 GB/s disk; "
+            f"{per['experts_per_token'] / 1e9:.1f} GB with `--keep`)") in readme
+    index, released = load_k3_table(), json.loads(RELEASED_CONFIG.read_text())
+    weight_map = {name: index["shards"][f"layer {layer_of(name)}" if layer_of(name) >= 0 else name.split(".")[0]][0]
+                  for name in expand_table(index)}
+    sizes = shard_sizes(weight_map, released)
+    first_four = shards_for(weight_map, parse_layers("0-3", released["text_config"]["num_hidden_layers"]))
+    assert (f"({sum(sizes[s] for s in first_four) / 1e9:.1f} GB of the {sum(sizes.values()) / 1e12:.2f} TB"
+            in readme)
