@@ -72,3 +72,17 @@ def test_the_readme_real_checkpoint_figures_are_the_code_s():
     first_four = shards_for(weight_map, parse_layers("0-3", released["text_config"]["num_hidden_layers"]))
     assert (f"({sum(sizes[s] for s in first_four) / 1e9:.1f} GB of the {sum(sizes.values()) / 1e12:.2f} TB"
             in readme)
+
+
+def test_the_readme_compiled_path_figures_are_bench_trains_small_row():
+    """README's eager and compiled step times of `small` and their ratio are bench/results/bench_train.txt's row."""
+    import re
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    row = next(line.split() for line in (ROOT / "bench/results/bench_train.txt").read_text().splitlines()
+               if line.split()[:1] == ["small"])
+    eager, compiled, speedup = float(row[1]), float(row[4]), row[7]
+    said = re.search(r"a training step of `small` ([\d,]+) ms eager, ([\d,]+) ms compiled \(([\d.]+x)", readme)
+    assert said, "README.md should give small's eager and compiled step times from bench_train.txt"
+    assert (float(said[1].replace(",", "")), float(said[2].replace(",", "")), said[3]) == \
+        (round(eager), round(compiled), speedup), (said.groups(), row)
