@@ -232,7 +232,7 @@ def test_synthetic_refuses_a_folder_that_holds_anything_else_in_one_line(release
     _, _, tested = release
     other = tmp_path / "notes"
     other.mkdir()
-    (other / "todo.txt").write_text("keep me\n")
+    (other / "notes.txt").write_text("keep me\n")
     real_like = tmp_path / "checkpoint"            # a released folder without the marker: never written into
     real_like.mkdir()
     for p in tested.iterdir():
@@ -248,5 +248,5 @@ def test_synthetic_refuses_a_folder_that_holds_anything_else_in_one_line(release
         code, out = run_real(*argv)
         assert code == 2 and out.startswith("error: ") and message in out, out
         assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
-    assert [p.name for p in other.iterdir()] == ["todo.txt"] and not (tmp_path / "new").exists()
+    assert [p.name for p in other.iterdir()] == ["notes.txt"] and not (tmp_path / "new").exists()
     assert not (real_like / "synthetic.json").exists()
