@@ -1,8 +1,11 @@
-"""State dropout, a training recipe (Hooks.forget_before, data.Stage.forget_share, train.CURRICULUM_FORGET).
+"""State dropout, a training recipe (Hooks.forget_before, data.Stage.forget_share / memoryless, train.CURRICULUM_FORGET,
+train.LOOKUP_FIRST).
 
 At a marked token every KDA layer forgets its state, so what came before reaches later tokens only through
 the MLA cache (and the last few tokens through the short convolution). Checked as invariants in float64.
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -10,9 +13,10 @@ import torch
 from tiny_k3.config import K3Config
 from tiny_k3.corpus import RECALL_MARK
 from tiny_k3.data import Rows, Stage, corpus_rows, with_forgetting
-from tiny_k3.hooks import Hooks
+from tiny_k3.hooks import FORGET_LOG_DECAY, Hooks
+from tiny_k3.kda import kda_recurrent, kda_stateless
 from tiny_k3.model import TinyK3
-from tiny_k3.train import CURRICULUM, CURRICULUM_FORGET, lm_loss
+from tiny_k3.train import ANSWERS_FIRST, CURRICULUM, CURRICULUM_FORGET, LOOKUP_FIRST, _parser, curriculum_of, lm_loss
 
 F64 = torch.float64
 T, MARK = 48, 12
@@ -106,3 +110,59 @@ def test_the_forget_curriculum_is_the_shipped_one_with_state_dropout_after_its_f
     assert CURRICULUM_FORGET[0] == CURRICULUM[0]
     for forget, plain in zip(CURRICULUM_FORGET[1:], CURRICULUM[1:]):
         assert forget.forget_share == 0.5 and forget.__class__(**{**forget.__dict__, "forget_share": 0.0}) == plain
+
+
+# ------------------------------------------------------------------ memoryless: forgetting before every token
+def test_kda_stateless_is_the_recurrence_with_the_state_forgotten_before_every_token():
+    """o_t = scale beta_t (q_t.k_t) v_t and S_T = beta_T k_T v_T^T equal kda_recurrent at g = -30 everywhere,
+    whatever the state before (1e-9 in float64: e^-30 of it survives each token)."""
+    gen = torch.Generator().manual_seed(7)
+    B, T_, H, K = 2, 9, 3, 5
+    q, k, v = (torch.randn(B, T_, H, K, generator=gen, dtype=F64) for _ in range(3))
+    k = k / k.norm(dim=-1, keepdim=True)
+    beta = torch.rand(B, T_, H, generator=gen, dtype=F64)
+    before = torch.randn(B, H, K, K, generator=gen, dtype=F64)
+    o, state = kda_stateless(q, k, v, beta)
+    o_ref, state_ref = kda_recurrent(q, k, v, torch.full_like(q, FORGET_LOG_DECAY), beta, initial_state=before,
+                                     output_final_state=True)
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-9)
+    torch.testing.assert_close(state, state_ref, rtol=0, atol=1e-9)
+    o_kept, _ = kda_recurrent(q, k, v, torch.full_like(q, -0.1), beta, initial_state=before)
+    assert (o_kept - o).abs().max() > 1e-2                       # with a state kept, the outputs differ
+
+
+@torch.no_grad()
+def test_a_kda_layer_forgetting_before_every_token_takes_the_stateless_path_to_the_same_result(monkeypatch):
+    """Hooks.forget_before everywhere: the layer's O(T) stateless path equals its chunk kernel at g = -30
+    (forced by hiding the shortcut), and its output at t depends on the conv window alone."""
+    layer = _model("small-kda").blocks[0].attn
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, T, layer.config.hidden_size, generator=gen, dtype=F64)
+    everywhere = Hooks(forget_before=torch.ones(1, T, dtype=torch.bool))
+    assert everywhere.forgets_every_token() and not _forget_at(MARK).forgets_every_token()
+    fast, fast_state = layer(x, hooks=everywhere)
+    monkeypatch.setattr(Hooks, "forgets_every_token", lambda self: False)
+    chunked, chunked_state = layer(x, hooks=everywhere)
+    torch.testing.assert_close(fast, chunked, rtol=0, atol=1e-9)
+    torch.testing.assert_close(fast_state.state, chunked_state.state, rtol=0, atol=1e-9)
+    monkeypatch.undo()
+    window = layer.conv_kernel - 1
+    far = x.clone()
+    far[0, :MARK - window] = torch.randn(MARK - window, x.shape[-1], generator=gen, dtype=F64)
+    torch.testing.assert_close(layer(far, hooks=everywhere)[0][0, MARK:], fast[0, MARK:], rtol=0, atol=1e-12)
+
+
+def test_a_memoryless_stage_marks_every_token_and_the_lookup_first_curricula_are_built_from_the_others():
+    stage = Stage(max_filler=16, recall_share=1.0, max_pairs=8, seq_len=64, batch=2, memoryless=True)
+    rows = corpus_rows(3, 64, seed=4, stage=stage)
+    assert rows.forget is not None and rows.forget.all() and rows.forget.shape == rows.tokens.shape
+    first = LOOKUP_FIRST[0]
+    assert first.memoryless and dataclasses.replace(first, memoryless=False) == ANSWERS_FIRST[0]
+    assert LOOKUP_FIRST[1:] == CURRICULUM
+
+
+def test_stages_cuts_a_curriculum_to_its_first_stages_and_refuses_a_count_it_does_not_have():
+    assert curriculum_of(_parser().parse_args(["--curriculum", "lookup-first", "--stages", "1"])) == LOOKUP_FIRST[:1]
+    assert curriculum_of(_parser().parse_args(["--curriculum", "lookup-first"])) == LOOKUP_FIRST
+    with pytest.raises(ValueError, match=r"--stages must lie between 1 and the 5 stages of 'lookup-first', got 6"):
+        curriculum_of(_parser().parse_args(["--curriculum", "lookup-first", "--stages", "6"]))

@@ -74,6 +74,11 @@ class Stage:
     # the queries after such a mark can be answered only from the MLA cache. A recipe for the hybrid, whose KDA
     # layers otherwise learn every look-up first and leave its MLA nothing to carry; a twin has no state to wipe.
     forget_share: float = 0.0
+    # Every KDA layer forgets its state before every token (Hooks.forget_before everywhere): each KDA layer is a
+    # local mixer (its short conv and its own token) and only the MLA layers can look back. A first stage for the
+    # hybrid: its MLA grows the look-up, with the previous bytes that the KDA layers below hand it, before any
+    # state can learn to bind keys and make the look-up unneeded. A twin has no state: it trains unchanged.
+    memoryless: bool = False
 
 
 def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), answer_weight: float = 1.0) -> Rows:
@@ -84,7 +89,10 @@ def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), an
                              stage.copy_share, stage.many_share, stage.ask_all)
         rows = pack_lines(text, seq_len, answer_weight, stage.other_weight)
         if len(rows) >= n_rows:
-            return with_forgetting(rows[:n_rows], stage.forget_share, seed)
+            rows = rows[:n_rows]
+            if stage.memoryless:
+                return Rows(rows.tokens, rows.weights, torch.ones_like(rows.tokens, dtype=torch.bool))
+            return with_forgetting(rows, stage.forget_share, seed)
         n_chars *= 2
 
 

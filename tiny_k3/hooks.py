@@ -89,6 +89,10 @@ class Hooks:
                 conv[..., start:start + head_dim] = 0
         return KDAState(state, conv)
 
+    def forgets_every_token(self) -> bool:
+        """True when `forget_before` marks every token: each KDA layer keeps no state (kda.kda_stateless)."""
+        return self.forget_before is not None and bool(self.forget_before.all())
+
     def scale_decay(self, layer: int, g: torch.Tensor) -> torch.Tensor:
         """g [B, T, H, K] log-decay -> factor * g: alpha = exp(g) becomes alpha ** factor; then, at the tokens
         `forget_before` marks, g = FORGET_LOG_DECAY on every channel: alpha = e^-30, the state S_{t-1} is gone

@@ -32,7 +32,7 @@ from .norm import rms_norm
 from .probe import NO_RECORDER, Recorder, detached
 from .shortconv import causal_conv
 
-__all__ = ["KDALayer", "kda_chunked", "kda_gate", "kda_recurrent", "kda_step"]
+__all__ = ["KDALayer", "kda_chunked", "kda_gate", "kda_recurrent", "kda_stateless", "kda_step"]
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """t in dtype; the same tensor when it already is (a decode step makes ~10 such casts per layer, and even a
@@ -116,6 +116,27 @@ def kda_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     o = torch.bmm(q.reshape(B * H, 1, K), S).mul_(constant(scale, S))   # S^T (scale q)  [BH, 1, V]
     return o.view(B, 1, H, V).to(out_dtype), (S.view(B, H, K, V) if output_final_state else None)
 
+
+
+def kda_stateless(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
+                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kda_recurrent` when the state is forgotten before every token (alpha_t = 0, kda.md §2): each token
+    writes into an empty state, S_t = beta_t k_t v_t^T, and reads it back at once, o_t = scale beta_t (q_t.k_t) v_t.
+    Returns (o [B,T,H,V] in q's dtype, S_T [B,H,K,V]).
+
+    The layer becomes a local mixer: what it says depends on the short conv's window alone. This is the limit
+    of Hooks.forget_before at every token (alpha = e^-30 there), computed in O(T) with no chunk kernel.
+    """
+    B, T, H, K, V = check_inputs("kda_stateless", q, k, v, k, beta, None)   # (no g: k stands in)
+    scale = K ** -0.5 if scale is None else scale
+    out_dtype, dtype = q.dtype, compute_dtype(q, k, v, beta)
+    q, k, v, beta = (t.to(dtype) for t in (q, k, v, beta))
+    read = (q * k).sum(-1).mul(beta).mul(scale)                       # [B,T,H]: scale beta_t q_t.k_t
+    o = read.unsqueeze(-1) * v
+    if T == 0:
+        return o.to(out_dtype), q.new_zeros(B, H, K, V)
+    S = (beta[:, -1, :, None, None] * k[:, -1].unsqueeze(-1) * v[:, -1].unsqueeze(-2))  # beta_T k_T v_T^T
+    return o.to(out_dtype), S
 
 
 # ---------------------------------------------------------------------------- layer
@@ -256,10 +277,13 @@ class KDALayer(nn.Module):
         beta = torch.sigmoid(_as(beta_logit, fp))
 
         prev = None if cache is None else cache.state
-        # fla: fused_recurrent for decode, chunk for prefill (compiled with autograd where TINY_K3_COMPILE asks)
-        kda = kda_step if T == 1 else kda_chunked_compiled if compiled.enabled() else kda_chunked
-        extra = {} if T == 1 else {"chunk_size": self.chunk_size}
-        o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
+        if hooks is not None and hooks.forgets_every_token():   # (a training recipe: Stage.memoryless)
+            o, state = kda_stateless(q, k, v, beta)
+        else:
+            # fla: fused_recurrent for decode, chunk for prefill (compiled with autograd where TINY_K3_COMPILE asks)
+            kda = kda_step if T == 1 else kda_chunked_compiled if compiled.enabled() else kda_chunked
+            extra = {} if T == 1 else {"chunk_size": self.chunk_size}
+            o, state = kda(q, k, v, g, beta, initial_state=prev, output_final_state=True, **extra)
         if recorder is not NO_RECORDER:  # (the default ignores everything: skip even the detach views)
             recorder.record("kda", layer, prev_state=None if prev is None else detached(prev),
                             state=detached(state), g=detached(g), beta=detached(beta),

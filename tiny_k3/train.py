@@ -82,6 +82,12 @@ ANSWERS_FIRST = (
 # KDA layers learn every look-up first and its MLA carries nothing (hiding the definitions from it cost 0 points
 # at 52 pairs). A model without KDA layers (the twin) trains exactly as under CURRICULUM.
 CURRICULUM_FORGET = (CURRICULUM[0], *(dataclasses.replace(stage, forget_share=0.5) for stage in CURRICULUM[1:]))
+# The look-up first (issue 34, attempt 8): ANSWERS_FIRST's first stage with every KDA state forgotten before every
+# token (Stage.memoryless), so the hybrid's MLA must grow the look-up, as the twin's does; then CURRICULUM, in which
+# the KDA states learn to bind keys beside it. For a twin the first stage is ANSWERS_FIRST's. Measured: the hybrid's
+# MLA did not find the look-up in that stage, even in 800 steps (`--stages 1`), where the twin finds it in 300
+# (bench/results/recipe52/README.md, attempt 8).
+LOOKUP_FIRST = (dataclasses.replace(ANSWERS_FIRST[0], memoryless=True), *CURRICULUM)
 QK_GAIN = 4.0   # the recipe's MLA logit scale at init (scale_attention_logits_at_init; docs/recall.md, run t7)
 # The curriculum of the checkpoints before issue 34 (1-26 pairs, rows of 128 then 256 bytes), kept to compare.
 CURRICULUM_26 = (
@@ -99,7 +105,8 @@ INDUCTION_CURRICULUM = (
     Stage(max_filler=128, recall_share=0.6, seq_len=320, batch=10, copy_share=0.05),
     Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=320, batch=10),
 )
-CURRICULA = {"shipped": CURRICULUM, "answers-first": ANSWERS_FIRST, "forget": CURRICULUM_FORGET, "pairs26": CURRICULUM_26,
+CURRICULA = {"shipped": CURRICULUM, "answers-first": ANSWERS_FIRST, "forget": CURRICULUM_FORGET,
+             "lookup-first": LOOKUP_FIRST, "pairs26": CURRICULUM_26,
              "induction": INDUCTION_CURRICULUM}
 ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
 
@@ -326,6 +333,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: min(100, steps / 10))")
     parser.add_argument("--curriculum", choices=sorted(CURRICULA), default="shipped",
                         help="the stages of recall lines (CURRICULUM, INDUCTION_CURRICULUM)")
+    parser.add_argument("--stages", type=int, default=None,
+                        help="train on the curriculum's first STAGES stages only, the steps split among them "
+                             "(a probe of an early stage at length)")
     parser.add_argument("--qk-gain", type=float, default=QK_GAIN,
                         help="multiply MLA attention logits at init by this (scale_attention_logits_at_init)")
     parser.add_argument("--answer-weight", type=float, default=ANSWER_WEIGHT,
@@ -341,6 +351,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true",
                         help="run the compiled ops (tiny_k3/compiled.py, as TINY_K3_COMPILE=1): faster steps after a compile")
     return parser
+
+
+def curriculum_of(args: argparse.Namespace) -> tuple[Stage, ...]:
+    """The stages that --curriculum names, cut to the first --stages of them where given."""
+    stages = CURRICULA[args.curriculum]
+    if args.stages is None:
+        return stages
+    if not 1 <= args.stages <= len(stages):
+        raise ValueError(f"--stages must lie between 1 and the {len(stages)} stages of {args.curriculum!r}, "
+                         f"got {args.stages}.")
+    return stages[:args.stages]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
         console = Console()
         result = train(config, args.steps, args.seed, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                       warmup=args.warmup, curriculum=CURRICULA[args.curriculum], qk_gain=args.qk_gain,
+                       warmup=args.warmup, curriculum=curriculum_of(args), qk_gain=args.qk_gain,
                        bias_update=not args.no_bias_update, answer_weight=args.answer_weight, eval_every=args.eval_every, device=device,
                        progress=console.is_terminal, log=lambda msg: print(msg, flush=True))
     except (ConfigError, ValueError) as exc:
@@ -376,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model = result.model
     model.load_state_dict(shipped_state(model))      # measure the weights exactly as they will be stored
-    eval_len = args.seq_len or CURRICULA[args.curriculum][-1].seq_len
+    eval_len = args.seq_len or curriculum_of(args)[-1].seq_len
     heldout = evaluate(model, heldout_rows(eval_len, model.device))
     info = _run_info(args, argv, config, result, heldout, eval_len, device)
     if compiled.enabled():
@@ -397,7 +418,7 @@ def _run_info(args: argparse.Namespace, argv: list[str], config: K3Config, resul
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
         "answer_weight": args.answer_weight, "warmup": args.warmup, "qk_gain": args.qk_gain,
         "curriculum_name": args.curriculum,
-        "curriculum": [dataclasses.asdict(stage) for stage in CURRICULA[args.curriculum]],
+        "curriculum": [dataclasses.asdict(stage) for stage in curriculum_of(args)],
         "bias_update": not args.no_bias_update, "residual": config.residual, "tokens": result.tokens,
         "final_train_loss": round(sum(last) / len(last), 4), "heldout_loss": round(heldout, 4),
         "heldout_loss_fresh": round(result.fresh_eval_loss, 4), "heldout": f"sample_corpus seed {EVAL_SEED}, "
