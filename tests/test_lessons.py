@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import re
 import sys
 import time
@@ -39,6 +40,26 @@ CELL_TIMEOUT = 420         # seconds per cell: a hang guard (generous: the CI ma
 LESSON_BUDGET_S = 30.0     # the target per lesson on 2 cores (reported, not asserted)
 WORKERS = 2
 STALLS = ("CellTimeoutError", "DeadKernelError", "TimeoutError")   # retried once; a cell's own error never is
+# A kernel's reply could sit unread in the client's socket until the wait's own timeout: a zmq.asyncio poll
+# sometimes missed the wake-up (measured: 1 cell in about 12 runs of lesson 00 at two at a time; with the
+# 420 s guard that cost 7 minutes, then the reply was there and the lesson passed). Polling in slices of
+# POLL_SLICE_S makes each slice ask the socket afresh, so a missed wake-up costs at most that.
+POLL_SLICE_S = 0.5
+
+
+def _poll_in_slices(get_msg):
+    """An async channel's get_msg(timeout) that waits in slices of POLL_SLICE_S: the same message, the same
+    queue.Empty once `timeout` seconds have passed (None: wait for ever)."""
+    async def get_msg_sliced(timeout: float | None = None, **kwargs):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = POLL_SLICE_S if deadline is None else min(POLL_SLICE_S, max(0.0, deadline - time.monotonic()))
+            try:
+                return await get_msg(timeout=left, **kwargs)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+    return get_msg_sliced
 
 
 def _outputs_text(cell) -> str:
@@ -74,6 +95,8 @@ async def _execute(path: Path) -> dict:
     start = time.perf_counter()
     try:
         async with client.async_setup_kernel(env=env):
+            for channel in (client.kc.shell_channel, client.kc.iopub_channel):
+                channel.get_msg = _poll_in_slices(channel.get_msg)
             for index, cell in enumerate(list(nb.cells)):
                 await client.async_execute_cell(cell, index)
             result["seconds"] = time.perf_counter() - start
@@ -203,6 +226,29 @@ def test_lesson_runs_top_to_bottom_for_learners_and_instructors(executed, name):
 
     if result["seconds"] > LESSON_BUDGET_S:
         warnings.warn(f"{name} took {result['seconds']:.1f} s (target {LESSON_BUDGET_S:.0f} s on 2 cores)")
+
+
+def test_a_sliced_wait_returns_the_message_when_it_comes_and_gives_up_at_the_deadline():
+    """_poll_in_slices: a message that a first slice misses is returned by a later one; with none, queue.Empty
+    comes once the caller's timeout has passed, not a slice earlier."""
+    calls = []
+
+    async def late_message(timeout):                 # a socket whose message the first two polls miss
+        calls.append(timeout)
+        if len(calls) < 3:
+            raise queue.Empty
+        return {"msg_type": "execute_reply"}
+
+    async def silent(timeout):
+        await asyncio.sleep(timeout)
+        raise queue.Empty
+
+    assert asyncio.run(_poll_in_slices(late_message)(timeout=30))["msg_type"] == "execute_reply"
+    assert len(calls) == 3 and max(calls) <= POLL_SLICE_S
+    start = time.monotonic()
+    with pytest.raises(queue.Empty):
+        asyncio.run(_poll_in_slices(silent)(timeout=1.2))
+    assert time.monotonic() - start >= 1.2
 
 
 def test_setup_check_passes(capsys):
