@@ -16,7 +16,8 @@ from tiny_k3.data import Rows, Stage, corpus_rows, with_forgetting
 from tiny_k3.hooks import FORGET_LOG_DECAY, Hooks
 from tiny_k3.kda import kda_recurrent, kda_stateless
 from tiny_k3.model import TinyK3
-from tiny_k3.train import ANSWERS_FIRST, CURRICULUM, CURRICULUM_FORGET, LOOKUP_FIRST, _parser, curriculum_of, lm_loss
+from tiny_k3.train import (ANSWERS_FIRST, CURRICULUM, CURRICULUM_FORGET, LOOKUP_FIRST, _parser, config_changes,
+                           curriculum_of, lm_loss)
 
 F64 = torch.float64
 T, MARK = 48, 12
@@ -166,3 +167,16 @@ def test_stages_cuts_a_curriculum_to_its_first_stages_and_refuses_a_count_it_doe
     assert curriculum_of(_parser().parse_args(["--curriculum", "lookup-first"])) == LOOKUP_FIRST
     with pytest.raises(ValueError, match=r"--stages must lie between 1 and the 5 stages of 'lookup-first', got 6"):
         curriculum_of(_parser().parse_args(["--curriculum", "lookup-first", "--stages", "6"]))
+
+
+def test_set_changes_config_fields_read_as_json_and_names_the_fields_when_one_is_unknown():
+    changes = config_changes(["mla_rope=true", 'layer_kinds=["mla","kda","kda","kda","kda","kda","kda","mla"]',
+                              "mla_conv_layers=[0, 7]", "name=probe"])
+    assert changes == {"mla_rope": True, "layer_kinds": ("mla",) + ("kda",) * 6 + ("mla",),
+                       "mla_conv_layers": (0, 7), "name": "probe"}
+    config = K3Config.preset("small").replace(**changes)
+    assert config.mla_layers == [0, 7] and config.mla_rope
+    with pytest.raises(ValueError, match=r"--set takes FIELD=VALUE with FIELD one of K3Config's fields \(.*mla_rope"):
+        config_changes(["mla_ropes=true"])
+    with pytest.raises(ValueError, match="got 'mla_rope'"):
+        config_changes(["mla_rope"])

@@ -345,12 +345,33 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-bias-update", action="store_true", help="ablation: never move the router bias")
     parser.add_argument("--mla-conv", action="store_true",
                         help="ablation: KDA's short conv in front of the preset's own MLA layers too (mla_conv_layers)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="ablation: change one K3Config field, VALUE read as JSON (e.g. mla_rope=true, "
+                             "'layer_kinds=[\"mla\",\"kda\",\"kda\",\"kda\",\"kda\",\"kda\",\"kda\",\"mla\"]'); repeatable")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--device", default=None)
     parser.add_argument("--compile", action="store_true",
                         help="run the compiled ops (tiny_k3/compiled.py, as TINY_K3_COMPILE=1): faster steps after a compile")
     return parser
+
+
+def config_changes(settings: list[str]) -> dict:
+    """["FIELD=VALUE", ...] (train --set) -> {field: value}: VALUE read as JSON where it parses (a list becomes
+    a tuple), else kept as text. A field K3Config does not have is a one-line ValueError naming the fields."""
+    fields = {f.name for f in dataclasses.fields(K3Config)}
+    changes = {}
+    for setting in settings:
+        name, sep, text = setting.partition("=")
+        if not sep or name not in fields:
+            raise ValueError(f"--set takes FIELD=VALUE with FIELD one of K3Config's fields ({', '.join(sorted(fields))}), "
+                             f"got {setting!r}.")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        changes[name] = tuple(value) if isinstance(value, list) else value
+    return changes
 
 
 def curriculum_of(args: argparse.Namespace) -> tuple[Stage, ...]:
@@ -377,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
             config = config.replace(residual=args.residual)
         if args.mla_conv:
             config = config.replace(mla_conv_layers=tuple(sorted({*config.mla_conv_layers, *config.mla_layers})))
+        if args.set:
+            config = config.replace(**config_changes(args.set))      # (K3Config validates itself)
+            suffix += "-set"
         if suffix:
             config = config.replace(name=config.name + suffix)
         if args.threads:
