@@ -10,7 +10,8 @@ one place in the forward pass (the simulator's `sim.interventions` translates it
 | unbiased         | `Router.forward`, before top-k             | select on topk(s) instead of topk(s + b)            |
 | reset_heads      | `KDALayer.forward`, before the first token | S and the conv tail of those heads start at zero    |
 | decay_scale      | `KDALayer.forward`, after `kda_gate`       | g -> factor * g (0: no forgetting)                  |
-| forget_before    | `KDALayer.forward`, after `kda_gate`       | at marked tokens every KDA state is wiped (g -> -30) |
+| forget_before    | `KDALayer.forward`, after `kda_gate`       | at marked tokens every KDA state is wiped (g -> -30); |
+|                  |                                            | marking every token: `kda_stateless`, the same limit |
 | uniform_depth    | every depth read of those layers (model.py)| AttnRes query w_l = 0: uniform weights 1/N          |
 | attention_window | `GatedMLA.forward`, the causal mask        | a query sees only the last `window` keys            |
 
