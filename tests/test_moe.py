@@ -415,6 +415,20 @@ def test_one_token_fast_path_follows_weight_changes_hooks_and_autograd():
     assert graded.requires_grad and not _decodes(moe, x)
 
 
+def test_a_frozen_moe_still_passes_the_gradient_on_to_its_input():
+    """Weights that need no gradient (a frozen layer) and an input that does: the general path runs, so the loss
+    reaches x, and the gradient equals the oracle's (all experts run densely, float64)."""
+    moe = _moe("tiny")
+    moe.requires_grad_(False)
+    x = torch.randn(2, 5, moe.config.hidden_size, dtype=torch.float64, requires_grad=True)
+    assert moe.fast.fused_weights(x) is None
+    (grad,) = torch.autograd.grad(moe(x).square().sum(), x)
+    (oracle,) = torch.autograd.grad(moe.dense_reference(x).square().sum(), x)
+    torch.testing.assert_close(grad, oracle, rtol=0, atol=1e-10)
+    with torch.no_grad():
+        assert moe.fast.fused_weights(x) is not None                  # no autograd at all: the fused paths
+
+
 # ---------------------------------------------------------------------------------------------- many-token fast path
 @AT_1_AND_2_THREADS
 @pytest.mark.parametrize("preset, act", [("tiny", "situ"), ("small", "situ"), ("tiny", "swiglu")])

@@ -204,8 +204,8 @@ class FastPaths:
         dicts: nn.Module attribute lookup costs about a microsecond each.)"""
         moe = self.moe
         w1 = moe._parameters["w1"]
-        if x.dim() != 3 or (torch.is_grad_enabled() and w1.requires_grad):
-            return None
+        if x.dim() != 3 or (torch.is_grad_enabled() and (w1.requires_grad or x.requires_grad)):
+            return None   # (a frozen MoE still passes gradients on to x: the general path, which autograd follows)
         c, mods = moe.config, moe._modules
         down, up, norm, shared = mods["down"], mods["up"], mods["latent_norm"], mods.get("shared")
         if (type(down) is not nn.Linear or type(up) is not nn.Linear or type(norm) is not RMSNorm
