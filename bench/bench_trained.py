@@ -168,6 +168,9 @@ def main() -> None:
         print("   full schedule (2000-step cosine), step " + " ".join(f"{s:>6}" for s in steps))
         print("      block AttnRes                  " + " ".join(f"{block[s]:>6.3f}" for s in steps))
         print("      standard residual              " + " ".join(f"{standard[s]:>6.3f}" for s in steps))
+    else:
+        print(f"   (no full-schedule logs in {logs}: small.log and small-standard.log, the same recipe with "
+              "--residual standard, are both needed)")
 
 
 if __name__ == "__main__":

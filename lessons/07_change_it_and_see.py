@@ -180,20 +180,30 @@ signed = lambda x: "+0 points" if round(100 * x) == 0 else f"{100 * x:+.0f} poin
 facts["many_pairs"] = share
 drop = {n: share["intact"][n] - share["MLA blind"][n] for n in MANY}
 facts["mla_blind_drop"] = drop
-# "carry": blinding costs >= 20 points at 52 pairs, with intact and blind intervals apart, and <= 5 at 2
-carried = (drop[52] >= 0.2 and compare(Score(*many["intact"][52]), Score(*many["MLA blind"][52])) > 0
-           and drop[2] <= 0.05)
-facts["mla_carries_many_pairs"] = carried
+# "carry": blinding costs >= 20 points at 52 pairs, with intact and blind intervals apart; "the KDA states hold the
+# few pairs": it costs <= 5 at 2
+carried = drop[52] >= 0.2 and compare(Score(*many["intact"][52]), Score(*many["MLA blind"][52])) > 0
+kda_holds_few = drop[2] <= 0.05
+facts["mla_carries_many_pairs"], facts["kda_holds_few_pairs"] = carried, kda_holds_few
 ci = lambda cut, n: percent_ci(*many[cut][n])  # noqa: E731   (hits, answers): rate, Wilson 95 %, n
-print("• " + (f"at many pairs the MLA layers carry recall: blinding them costs {drop[52]:.0%} at 52 pairs "
-              f"({ci('intact', 52)} -> {ci('MLA blind', 52)}) but only {signed(drop[2])} at 2 "
-              f"({ci('intact', 2)} -> {ci('MLA blind', 2)}), where the KDA states hold it; more pairs than a "
-              f"state of {sim.config.kda_head_dim} x {sim.config.kda_head_dim} per head can keep apart"
-              if carried else
-              f"in this checkpoint the MLA layers carry little recall even at many pairs: blinding them changes "
-              f"exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[52])} at 52 (intact "
-              f"{ci('intact', 52)}, blind {ci('MLA blind', 52)}), while a KDA reset sends it to "
-              f"{ci('KDA reset', 52)} at 52"))
+state = f"a state of {sim.config.kda_head_dim} x {sim.config.kda_head_dim} per head"
+if carried and kda_holds_few:
+    reading_many = (f"at many pairs the MLA layers carry recall: blinding them costs {drop[52]:.0%} at 52 pairs "
+                    f"({ci('intact', 52)} -> {ci('MLA blind', 52)}) but only {signed(drop[2])} at 2 "
+                    f"({ci('intact', 2)} -> {ci('MLA blind', 2)}), where the KDA states hold it; more pairs than "
+                    f"{state} can keep apart")
+elif carried:
+    reading_many = (f"the MLA layers carry recall at every pair count here: blinding them costs {drop[52]:.0%} at "
+                    f"52 pairs ({ci('intact', 52)} -> {ci('MLA blind', 52)}), more pairs than {state} can keep "
+                    f"apart, and {drop[2]:.0%} at 2 ({ci('intact', 2)} -> {ci('MLA blind', 2)}), which a state "
+                    f"could hold: this checkpoint keys every look-up on its MLA layers (a KDA reset leaves "
+                    f"{ci('KDA reset', 2)} at 2 pairs and {ci('KDA reset', 52)} at 52)")
+else:
+    reading_many = (f"in this checkpoint the MLA layers carry little recall even at many pairs: blinding them "
+                    f"changes exact recall by {signed(-drop[2])} at 2 pairs and {signed(-drop[52])} at 52 (intact "
+                    f"{ci('intact', 52)}, blind {ci('MLA blind', 52)}), while a KDA reset sends it to "
+                    f"{ci('KDA reset', 52)} at 52")
+print("• " + reading_many)
 
 # %% [markdown]
 # Step through the reset what-if token by token: top-5 before and after, and where it first diverged.
@@ -410,6 +420,9 @@ facts.update(window_losses=curve, forget_window=forget)
 for name, w in forget.items():
     print(f"{name}: " + (f"loses more than 0.05 nats/token once the window is {w} tokens or fewer" if w else
                          "never loses 0.05 nats/token, even at a window of 1"))
+gaps = {name: losses[0] - full[name] for name, losses in curve.items()}       # window 1 against the whole text
+facts["window_gaps"] = gaps
+print("at a window of 1: " + ", ".join(f"{name} +{gap:.2f} nats/token" for name, gap in gaps.items()))
 
 fig, ax = plt.subplots(figsize=(7, 3.2))
 for name, losses in curve.items():
@@ -419,9 +432,12 @@ ax.set_title("a sliding window: who forgets"), ax.legend()
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# The twin has nothing but its KV caches, so a short window starves it; the hybrid's KDA layers carry
-# the past in their fixed states and the window hardly touches it. That is the other side of lesson 3:
-# the fixed state is not only smaller, it is where this hybrid keeps its memory.
+# The twin has nothing but its KV caches, so a short window starves it; the hybrid loses a small fraction of
+# that (the last line above gives both), because its KDA layers carry most of the past in their fixed states.
+# What a window does take from the hybrid is what its MLA layers carry: the look-ups of the recall lines in the
+# text (section 1 found them there), lost as soon as the window no longer reaches the definition. That is the
+# other side of lesson 3: the fixed state is not only smaller, it is where this hybrid keeps most of its memory,
+# and the few MLA layers are where it keeps what must be found again exactly.
 #
 # ## Exercises
 #

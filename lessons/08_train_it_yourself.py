@@ -15,7 +15,7 @@
 # %% [markdown]
 # # Lesson 8 — Train it yourself
 #
-# Every checkpoint the other lessons load was trained by `tiny_k3/train.py`, for about 40 CPU-minutes each
+# Every checkpoint the other lessons load was trained by `tiny_k3/train.py`, for about 27 CPU-minutes each
 # (its docstring has the commands). Here you run the same code yourself, small enough to watch: `small`'s
 # widths at four layers (three KDA layers, then one gated MLA layer, with K3's MoE at 56:1 and Block AttnRes)
 # and its **twin** (every attention layer softmax attention, with KDA's short convolution kept in front of it:
@@ -61,12 +61,14 @@ LOAD_AT_START = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadav
 # of the shipped checkpoints' recipe, recall lines alone, half the steps each, at most 16 characters of filler.
 # One puts every byte in the loss, the answer bytes `ANSWER_WEIGHT` times as much (exercise 8.1), on lines of one
 # to eight pairs; the other puts the loss on the answers alone, on lines of one to sixteen pairs with every key
-# asked after the mark. Each kind of model gets them in the order it needs, as the shipped ones did: the hybrid
-# every byte first (its KDA layers learn to bind a key to its value from the whole stream), the twin the answers
-# first (all of the gradient goes to the look-up softmax attention must find). At full size, in the other order
-# each got stuck near half of the values at 4 pairs (`bench/results/recipe52/README.md`); at this size and budget
-# the twin learns with the answers first and the hybrid is still learning in either order
-# (`bench/results/recipe52/lesson8-orders/`). The learning rate warms up and decays on a cosine (exercise 8.2), and every
+# asked after the mark. Each kind of model gets them in the order it needs: the hybrid every byte first (its KDA
+# layers learn to bind a key to its value from the whole stream), the twin the answers first (all of the gradient
+# goes to the look-up softmax attention must find). At full size, in the other order each got stuck near half of
+# the values at 4 pairs (`bench/results/recipe52/README.md`, attempts 1-4); at this size and budget the twin learns
+# with the answers first and the hybrid is still learning in either order (`bench/results/recipe52/lesson8-orders/`).
+# The shipped checkpoints share one recipe, which first grows the hybrid's MLA look-up on a scaffold
+# (`tiny_k3/scaffold.py`); it needs about 200 steps before the look-up appears, and in this lesson's 300 it did not
+# pay (`lesson8-orders/README.md`). The learning rate warms up and decays on a cosine (exercise 8.2), and every
 # MLA layer's attention logits start `QK_GAIN` times larger than the plain init (`scale_attention_logits_at_init`:
 # a look-up must first stop attending uniformly).
 

@@ -49,6 +49,24 @@ def test_the_readme_targets_block_is_a_verbatim_part_of_bench_recall_output():
         assert bench[start - 1].startswith("5. the targets"), "the whole section, from its first line"
 
 
+def test_the_readme_reading_of_where_the_hybrids_recall_lives_is_bench_recalls():
+    """"hiding the definitions from them sends it to chance at 52 pairs" and "costs it nearly all of them there
+    too" (2 pairs) are read off bench_recall's target lines: blind at 52 pairs at most 20 % (chance is 10 %),
+    and at 2 pairs a cost of at least 80 points."""
+    import re
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    bench = (ROOT / "bench/results/bench_recall.txt").read_text()
+    at52 = re.search(r"hiding the definitions from small's MLA costs >= 20 points at 52 pairs: (\d+)% \S+ -> "
+                     r"(\d+)% \S+ \((-?\d+)\)", bench)
+    at2 = re.search(r"\.\.\. and <= 5 at 2 pairs: (\d+)% \S+ -> (\d+)% \S+ \((-?\d+)\)", bench)
+    assert at52 and at2, "bench_recall.txt has both MLA-blind target lines"
+    assert "hiding the definitions from them sends it to chance at 52 pairs" in readme
+    assert int(at52.group(2)) <= 20, at52.group(0)
+    assert "(hiding the definitions costs it nearly all of them there too)" in readme
+    assert int(at2.group(3)) >= 80, at2.group(0)
+
+
 def test_the_readme_real_checkpoint_figures_are_the_code_s():
     """"137 GB a token ... 68.5 s on a 2 GB/s disk; 25.8 GB with --keep" and "--download 0-3 ... 57.6 GB of the
     1.56 TB" are what sim.real and sim.real_download compute from the committed table of the real index (lesson 6

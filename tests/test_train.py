@@ -321,3 +321,27 @@ def test_attention_logit_gain_at_init_scales_every_mla_logit_by_the_gain():
     torch.testing.assert_close(logits_of(layer), 4.0 * before, rtol=1e-12, atol=0)
     torch.testing.assert_close(layer.kv_b_proj.weight.view(config.mla_heads, -1, config.kv_lora_rank)[:, config.qk_nope_dim:],
                                values_before, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no trained checkpoints ship yet")
+def test_the_three_shipped_checkpoints_come_from_one_recipe_the_commands_in_train_s_docstring():
+    """Issue 34: one recipe for all three. Each JSON's command is train.py's docstring line for its preset (but
+    for --out), and the three differ in nothing but --preset."""
+    import shlex
+
+    import tiny_k3.train as train_module
+
+    def without_out(command: str) -> list[str]:
+        words = shlex.split(command)
+        i = words.index("--out")
+        return words[:i] + words[i + 2:]
+
+    documented = {line.split("--preset ")[1].split()[0]: line.strip()
+                  for line in train_module.__doc__.splitlines() if line.strip().startswith("python -m tiny_k3.train")}
+    commands = {}
+    for name in ("small", "small-twin", "small-kda"):
+        info = json.loads((WEIGHTS_DIR / f"{name}.json").read_text())
+        commands[name] = without_out(info["command"])
+        assert commands[name] == without_out(documented[name]), (name, info["command"], documented[name])
+    plain = [[w for w in c if w != name] for name, c in commands.items()]
+    assert plain[0] == plain[1] == plain[2], plain

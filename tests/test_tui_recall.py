@@ -7,7 +7,7 @@ from sim import Simulation
 from tiny_k3.config import DEFAULT_PROMPT
 from tui import TinyK3App
 from tui_app.driver import Driver, Loaded, RunSpec
-from sim.interventions import ResetState
+from sim.interventions import ResetState, TruncateContext
 from tui_app.panels import margin_share
 from tui_app.whatif_menu import menu_for
 from sim.recall_moment import still_carried
@@ -197,3 +197,31 @@ async def test_at_52_pairs_the_panel_names_the_layer_kind_that_carried_the_answe
         assert kinds.mla_hidden is not None and kinds.kda_reset is not None      # both kinds were taken away
         state = panel_text(app, "state")
         assert normal(f"carried by {kinds.carrier}: {kinds.sentence()}") in state
+
+
+@sync
+async def test_at_52_pairs_the_mla_window_what_if_changes_the_hybrids_answer():
+    """Issue 34: at a 52-pair query the memory panel's what-if "MLA layers see only the last 16 tokens" (no
+    definition left in view) changes the shipped hybrid's answer: more pairs than its KDA states keep apart, so
+    its MLA layers carried it. The screen shows the answer before and after, as Simulation.what_if computes them,
+    and the state panel's carrier agrees (MLA, or both kinds where a KDA reset alone flips it too)."""
+    prompt = many_pairs_prompt()
+    app = TinyK3App(prompt=prompt)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        step = app.step
+        window = TruncateContext(16)
+        assert any(changes == (window,) for _, changes in menu_for("memory", app.view()))   # the panel offers it
+        app.start_what_if((window,), "memory")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the what-if")
+        await settle(pilot)
+        text = normal(screen_text(app))
+        assert app.driver.recall_for(step).kinds.carrier in ("MLA", "both")    # the MLA window alone flips it
+    sim = Simulation("small", prompt)
+    assert sim.cursor == step
+    w = sim.what_if(window, steps=1)
+    (_, before, p_before), (_, after, p_after) = w.top_before[0][0], w.top_after[0][0]
+    query = app.driver.recall_for(step).query
+    assert before == query.value and after != before, (
+        f"the MLA window left the answer at {after!r} (was {before!r}): the MLA layers did not carry it")
+    assert "what if: MLA window 16" in text and f"{p_before:.3f}" in text and f"{p_after:.3f}" in text

@@ -77,8 +77,17 @@ class Stage:
     # Every KDA layer forgets its state before every token (Hooks.forget_before everywhere): each KDA layer is a
     # local mixer (its short conv and its own token) and only the MLA layers can look back. A first stage for the
     # hybrid: its MLA grows the look-up, with the previous bytes that the KDA layers below hand it, before any
-    # state can learn to bind keys and make the look-up unneeded. A twin has no state: it trains unchanged.
+    # state can learn to bind keys and make the look-up unneeded. A twin has no state: it trains unchanged; a model
+    # without MLA layers keeps its states (train.memory_kept_without_mla), having nothing else to look back with.
     memoryless: bool = False
+    # Share of steps on which every MLA layer sees only the last `BLIND_WINDOW` keys (Hooks.attention_window), so
+    # what a query needs from further back must come through the KDA states. A recipe for the hybrid once its MLA
+    # carries the look-up: the KDA states learn to bind the few pairs they can hold beside it. Only a model with
+    # both layer kinds is blinded (train.blind_window): the twin has no state to fall back on, `small-kda` no MLA.
+    mla_blind_share: float = 0.0
+
+
+BLIND_WINDOW = 8      # keys an MLA layer sees on a blind step (Stage.mla_blind_share): the query's own few bytes
 
 
 def corpus_rows(n_rows: int, seq_len: int, seed: int, stage: Stage = Stage(), answer_weight: float = 1.0) -> Rows:

@@ -1,19 +1,21 @@
 """Train a tiny K3 on the synthetic corpus; this is what makes the shipped checkpoints.
 
-    python -m tiny_k3.train --preset small --steps 1000 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-kda --steps 1000 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-twin --curriculum answers-first --steps 2000 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small --curriculum scaffold-first --scaffold 200,100 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-twin --curriculum scaffold-first --scaffold 200,100 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-kda --curriculum scaffold-first --scaffold 200,100 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
 
-(the commands of the shipped checkpoints: the same corpus, seed, stages' contents, optimiser and init, one thread each;
-logs and CPU times in bench/results/recipe52/). The twin's stages come in another order, and it ran 2,000 steps:
-no one order served all three (ANSWERS_FIRST says why). `<preset>-twin` is the all-softmax twin of a preset, with
-KDA's short convolution kept in front of its attention (K3Config.twin, docs/recall.md); --residual and
---no-bias-update make ablations.
+(the commands of the shipped checkpoints: one recipe, the same corpus, seed, stages, optimiser and init, one thread
+each; logs and CPU times in bench/results/recipe52/). `<preset>-twin` is the all-softmax twin of a preset, with
+KDA's short convolution kept in front of its attention (K3Config.twin, docs/recall.md); --residual, --set and
+--no-bias-update make ablations. The recipe (SCAFFOLD_FIRST) starts with two memoryless stages in which the
+hybrid's first MLA layer grows the look-up on a scaffold that comes down (tiny_k3/scaffold.py). The twin and
+`small-kda` have nothing to scaffold, and neither is memoryless (the twin has no state; `small-kda` keeps its
+states, memory_kept_without_mla): for both those are two answers-alone stages.
 
-The data (tiny_k3.data) follow a curriculum of four stages, one per quarter of the run (CURRICULUM, ANSWERS_FIRST):
-recall lines alone, first with every byte in the loss, then with the answers alone and every key asked; then the
-whole corpus with up to 52 pairs (keys a-z, A-Z) and up to 128, then 200 characters of filler, in rows of 576 bytes
-that hold a 52-pair line whole. The bytes a line determines (recalled values, sums' results) weigh 10x in the loss.
+The data (tiny_k3.data) follow a curriculum of stages of equal length (CURRICULUM's four: recall lines alone,
+first with every byte in the loss, then with the answers alone and every key asked; then the whole corpus with up
+to 52 pairs (keys a-z, A-Z) and up to 128, then 200 characters of filler, in rows of 576 bytes that hold a 52-pair
+line whole). The bytes a line determines (recalled values, sums' results) weigh 10x in the loss.
 Every MLA layer's attention logits start x4 (QK_GAIN, scale_attention_logits_at_init). The log reports exact recall
 at 4 pairs and 64 characters of filler, and at 16 and at 52 pairs with 16 (tiny_k3.recall).
 
@@ -33,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import math
+import random
 import shlex
 import sys
 import time
@@ -44,70 +47,18 @@ from torch.nn import functional as F
 
 from . import compiled
 from .config import ConfigError, K3Config
-from .corpus import MAX_FILLER
-from .data import Rows, Stage, corpus_rows, curriculum_rows, stage_of
+from .data import BLIND_WINDOW, Rows, Stage, corpus_rows, curriculum_rows, stage_of
 from .hooks import Hooks
 from .model import TinyK3
 from .recall import make_probes, recall_accuracy
+from .recipes import (ANSWERS_FIRST, CURRICULA, CURRICULUM, CURRICULUM_26, CURRICULUM_FORGET,  # noqa: F401 (re-exported)
+                      INDUCTION_CURRICULUM, LOOKUP_FIRST, SCAFFOLD_BLIND, SCAFFOLD_BLIND_FIRST, SCAFFOLD_FIRST)
+from .scaffold import Scaffold, parse_scaffold, scaffolded_config
 from .weights import config_for, save_pretrained, stored_config, stored_state, weights_path
 
 EVAL_SEED = 999_983           # the held-out text; a training seed may not equal it
 EVAL_SEQUENCES = 32
-# The recipe of the shipped `small` and `small-kda` (issue 34): one stage per quarter of the run. First recall lines
-# alone with every byte in the loss (answers x10; 1-8 pairs, at most 16 characters of filler), where the KDA layers
-# learn to bind a key to its value; then recall lines with the loss on the answers alone and every key asked (1-16
-# pairs); then the whole corpus with up to 52 pairs (keys a-z, A-Z) in rows of 576 bytes, long enough to hold a
-# 52-pair line and all its queries whole.
-CURRICULUM = (
-    Stage(max_filler=16, recall_share=1.0, max_pairs=8, seq_len=128, batch=24),
-    Stage(max_filler=16, recall_share=1.0, max_pairs=16, seq_len=192, batch=16, many_share=0.6, ask_all=True,
-          other_weight=0.0),
-    Stage(max_filler=128, recall_share=0.6, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
-    Stage(max_filler=MAX_FILLER, recall_share=0.45, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
-)
-# The recipe of the shipped `small-twin`: the answers-alone stage first. No one order served all three models: after
-# a first stage with every byte in the loss the twin stayed near 45 % at 4 pairs, and after the answers-alone stage
-# first the hybrid stayed near 60 % (bench/results/recipe52/README.md, attempts 2-4), each stuck in a partial look-up
-# that the later stages never left. Softmax attention needs the answers' whole gradient to find its look-up; a
-# fixed state learns to bind keys from the whole stream.
-ANSWERS_FIRST = (
-    Stage(max_filler=16, recall_share=1.0, max_pairs=16, seq_len=192, batch=16, many_share=0.6, ask_all=True,
-          other_weight=0.0),
-    Stage(max_filler=64, recall_share=0.8, max_pairs=26, seq_len=256, batch=12, many_share=0.3),
-    Stage(max_filler=128, recall_share=0.6, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
-    Stage(max_filler=MAX_FILLER, recall_share=0.45, max_pairs=52, seq_len=576, batch=6, many_share=0.4),
-)
-# CURRICULUM with state dropout (Stage.forget_share): from the second stage on, at half of the recall marks every
-# KDA layer forgets its state, so those queries can be answered only from the MLA cache. Without it the hybrid's
-# KDA layers learn every look-up first and its MLA carries nothing (hiding the definitions from it cost 0 points
-# at 52 pairs). A model without KDA layers (the twin) trains exactly as under CURRICULUM.
-CURRICULUM_FORGET = (CURRICULUM[0], *(dataclasses.replace(stage, forget_share=0.5) for stage in CURRICULUM[1:]))
-# The look-up first (issue 34, attempt 8): ANSWERS_FIRST's first stage with every KDA state forgotten before every
-# token (Stage.memoryless), so the hybrid's MLA must grow the look-up, as the twin's does; then CURRICULUM, in which
-# the KDA states learn to bind keys beside it. For a twin the first stage is ANSWERS_FIRST's. Measured: the hybrid's
-# MLA did not find the look-up in that stage, even in 800 steps (`--stages 1`), where the twin finds it in 300
-# (bench/results/recipe52/README.md, attempt 8).
-LOOKUP_FIRST = (dataclasses.replace(ANSWERS_FIRST[0], memoryless=True), *CURRICULUM)
 QK_GAIN = 4.0   # the recipe's MLA logit scale at init (scale_attention_logits_at_init; docs/recall.md, run t7)
-# The curriculum of the checkpoints before issue 34 (1-26 pairs, rows of 128 then 256 bytes), kept to compare.
-CURRICULUM_26 = (
-    Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=128, batch=24),
-    Stage(max_filler=64, recall_share=0.8, max_pairs=8, seq_len=128, batch=24),
-    Stage(max_filler=128, recall_share=0.6, seq_len=256, batch=12),
-    Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=256, batch=12),
-)
-# Recall first through an induction circuit: copy lines "k3qa8z | k3qa8z" beside the recall lines while the
-# model is young (a softmax-only model has no short convolution to shift the key into the value's position, so it
-# must grow "find the earlier copy, say what came next"), then more pairs and filler, rows long enough for 26.
-INDUCTION_CURRICULUM = (
-    Stage(max_filler=16, recall_share=1.0, max_pairs=6, seq_len=128, batch=24, copy_share=0.3),
-    Stage(max_filler=64, recall_share=0.8, max_pairs=16, seq_len=192, batch=16, copy_share=0.15),
-    Stage(max_filler=128, recall_share=0.6, seq_len=320, batch=10, copy_share=0.05),
-    Stage(max_filler=MAX_FILLER, recall_share=0.45, seq_len=320, batch=10),
-)
-CURRICULA = {"shipped": CURRICULUM, "answers-first": ANSWERS_FIRST, "forget": CURRICULUM_FORGET,
-             "lookup-first": LOOKUP_FIRST, "pairs26": CURRICULUM_26,
-             "induction": INDUCTION_CURRICULUM}
 ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
 
 
@@ -130,14 +81,16 @@ def scale_attention_logits_at_init(model: TinyK3, gain: float) -> None:
             layer.kv_a_proj.weight[c.kv_lora_rank:].mul_(root)
 
 
-def lm_loss(model: TinyK3, rows: Rows) -> torch.Tensor:
+def lm_loss(model: TinyK3, rows: Rows, mla_window: int | None = None) -> torch.Tensor:
     """Weighted mean next-token cross-entropy of rows [B, T + 1] (weights 1 everywhere: plain nats/byte).
-    Where rows.forget marks tokens, every KDA layer forgets its state before them (Stage.forget_share)."""
+    Where rows.forget marks tokens, every KDA layer forgets its state before them (Stage.forget_share);
+    `mla_window` limits every MLA layer to its last keys (Stage.mla_blind_share)."""
     forget = rows.forget[:, :-1] if rows.forget is not None and rows.forget.any() else None
-    logits, _ = model(rows.tokens[:, :-1], hooks=None if forget is None else Hooks(forget_before=forget))
+    hooks = None if forget is None and mla_window is None else Hooks(forget_before=forget, attention_window=mla_window)
+    logits, _ = model(rows.tokens[:, :-1], hooks=hooks)
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), rows.tokens[:, 1:].reshape(-1), reduction="none")
     w = rows.weights[:, 1:].reshape(-1)
-    return (ce * w).sum() / w.sum()
+    return (ce * w).sum() / w.sum().clamp_min(1e-12)     # (a short row of the answers-alone stage may hold none: 0)
 
 
 @torch.no_grad()
@@ -209,20 +162,27 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
           lr: float = 2e-3,
           weight_decay: float = 0.1, clip: float = 1.0, warmup: int | None = None, bias_update: bool = True,
           answer_weight: float = ANSWER_WEIGHT, curriculum: tuple[Stage, ...] = CURRICULUM,
-          qk_gain: float = 1.0, eval_every: int = 250, device=None, progress: bool = True,
-          log=print) -> TrainResult:
+          qk_gain: float = 1.0, scaffold: Scaffold | None = None, eval_every: int = 250, device=None,
+          progress: bool = True, log=print) -> TrainResult:
     """Train TinyK3(config) from seed for `steps` steps.
 
     The rows follow `curriculum` (data.Stage: the recall lines, the row length and batch of each stage) and
     weight the answer bytes by `answer_weight` in the loss (data.py); `batch` / `seq_len`, when given,
     replace every stage's (smoke runs, ablations). qk_gain scales the MLA attention logits at init
-    (scale_attention_logits_at_init; 1 leaves the init as it is).
+    (scale_attention_logits_at_init; 1 leaves the init as it is). `scaffold` grows the first MLA layer's look-up
+    on a scaffold that comes down (tiny_k3.scaffold); the model returned is then TinyK3(config) exactly.
     """
     curriculum = _checked_curriculum(config, steps, seed, curriculum, batch, seq_len)
+    if scaffold is not None and steps < scaffold.down_at + 1:
+        raise ValueError(f"a run with --scaffold {scaffold.grow},{scaffold.fade} needs at least "
+                         f"{scaffold.down_at + 1} steps, got {steps}.")
     torch.manual_seed(seed)
-    model = TinyK3(config, device=device)
+    model = TinyK3(config if scaffold is None else scaffolded_config(config), device=device)
     scale_attention_logits_at_init(model, qk_gain)
-    data = [rows.to(model.device) for rows in curriculum_rows(steps, seed, curriculum, answer_weight)]
+    if scaffold is not None:
+        scaffold.put_up(model, config)
+    data = [memory_kept_without_mla(config, stage, rows).to(model.device)
+            for stage, rows in zip(curriculum, curriculum_rows(steps, seed, curriculum, answer_weight))]
     heldout = heldout_rows(max(st.seq_len for st in curriculum), model.device)
     probes = (make_probes(24, pairs=4, filler_chars=64, seed=EVAL_SEED),
               make_probes(8, pairs=16, filler_chars=16, seed=EVAL_SEED),
@@ -243,7 +203,10 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
                 group["lr"] = lr_at(step, steps, lr, warmup)
             stage, i = stage_of(step, steps, len(curriculum))
             rows = data[stage][i * curriculum[stage].batch:(i + 1) * curriculum[stage].batch]
-            loss = train_step(model, opt, rows, clip, bias_update, step)
+            if scaffold is not None:
+                scaffold.before_step(model, config, step, log)
+            loss = train_step(model, opt, rows, clip, bias_update, step,
+                              blind_window(config, curriculum[stage], seed, step))
             result.steps.append(step + 1)
             result.train_loss.append(loss)
             result.tokens += rows.tokens[:, 1:].numel()
@@ -252,7 +215,28 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
             bar.update(task, advance=1, loss=loss, tps=result.tokens / result.seconds)
             if (step + 1) % eval_every == 0 or step + 1 == steps:
                 _evaluate_into(result, heldout, probes, f"step {step + 1}/{steps}", log)
+    if scaffold is not None:
+        result.model = scaffold.take_down(model, config)
     return result
+
+
+def memory_kept_without_mla(config: K3Config, stage: Stage, rows: Rows) -> Rows:
+    """`rows` without their forget marks where `stage` is memoryless and `config` has no MLA layer.
+
+    A memoryless stage wipes every KDA state before every token so that the MLA layers must look back
+    (Stage.memoryless); a model with no MLA layer (`small-kda`) would be left with nothing to look back with, so
+    it keeps its states there and the stage is an ordinary one for it."""
+    if stage.memoryless and not config.mla_layers:
+        return Rows(rows.tokens, rows.weights)
+    return rows
+
+
+def blind_window(config: K3Config, stage: Stage, seed: int, step: int) -> int | None:
+    """BLIND_WINDOW on the steps that Stage.mla_blind_share blinds (drawn from seed and step), else None.
+    Only a model with both MLA and KDA layers is ever blinded: another has nothing to fall back on."""
+    if stage.mla_blind_share <= 0 or not (config.mla_layers and config.kda_layers):
+        return None
+    return BLIND_WINDOW if random.Random(seed * 1_000_003 + step).random() < stage.mla_blind_share else None
 
 
 def _checked_curriculum(config: K3Config, steps: int, seed: int, curriculum: tuple[Stage, ...], batch: int | None,
@@ -281,10 +265,10 @@ def adamw(model: TinyK3, lr: float, weight_decay: float) -> torch.optim.AdamW:
 
 
 def train_step(model: TinyK3, opt: torch.optim.Optimizer, rows: Rows, clip: float, bias_update: bool,
-               step: int) -> float:
+               step: int, mla_window: int | None = None) -> float:
     """One step on `rows`: the weighted loss, its gradients clipped to norm `clip`, the optimiser step, then the
     selection-bias update of every MoE router from the load of this batch. Returns the loss."""
-    loss = lm_loss(model, rows)
+    loss = lm_loss(model, rows, mla_window)
     if not torch.isfinite(loss):
         raise ValueError(f"the loss became {loss.item()} at step {step + 1}; try a smaller --lr.")
     opt.zero_grad(set_to_none=True)
@@ -331,8 +315,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=None, help="bytes per row (default: each stage's)")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: min(100, steps / 10))")
-    parser.add_argument("--curriculum", choices=sorted(CURRICULA), default="shipped",
-                        help="the stages of recall lines (CURRICULUM, INDUCTION_CURRICULUM)")
+    parser.add_argument("--curriculum", choices=sorted(CURRICULA), default="plain",
+                        help="the stages of recall lines (tiny_k3/recipes.py; the shipped recipe: scaffold-first, "
+                             "with --scaffold 200,100)")
     parser.add_argument("--stages", type=int, default=None,
                         help="train on the curriculum's first STAGES stages only, the steps split among them "
                              "(a probe of an early stage at length)")
@@ -345,6 +330,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-bias-update", action="store_true", help="ablation: never move the router bias")
     parser.add_argument("--mla-conv", action="store_true",
                         help="ablation: KDA's short conv in front of the preset's own MLA layers too (mla_conv_layers)")
+    parser.add_argument("--scaffold", default=None, metavar="GROW,FADE",
+                        help="grow the first MLA layer's look-up on a scaffold that comes down (tiny_k3/scaffold.py)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="ablation: change one K3Config field, VALUE read as JSON (e.g. mla_rope=true, "
                              "'layer_kinds=[\"mla\",\"kda\",\"kda\",\"kda\",\"kda\",\"kda\",\"kda\",\"mla\"]'); repeatable")
@@ -410,10 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         if compiled.enabled():
             print("compiled path on (tiny_k3/compiled.py): the first steps of each shape include compiling", flush=True)
         device = resolve_device(args.device)
+        scaffold = None if args.scaffold is None else parse_scaffold(args.scaffold)
         from rich.console import Console
         console = Console()
         result = train(config, args.steps, args.seed, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                       warmup=args.warmup, curriculum=curriculum_of(args), qk_gain=args.qk_gain,
+                       warmup=args.warmup, curriculum=curriculum_of(args), qk_gain=args.qk_gain, scaffold=scaffold,
                        bias_update=not args.no_bias_update, answer_weight=args.answer_weight, eval_every=args.eval_every, device=device,
                        progress=console.is_terminal, log=lambda msg: print(msg, flush=True))
     except (ConfigError, ValueError) as exc:
@@ -441,6 +429,7 @@ def _run_info(args: argparse.Namespace, argv: list[str], config: K3Config, resul
         "command": "python -m tiny_k3.train " + " ".join(shlex.quote(a) for a in argv),
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
         "answer_weight": args.answer_weight, "warmup": args.warmup, "qk_gain": args.qk_gain,
+        "scaffold": args.scaffold,
         "curriculum_name": args.curriculum,
         "curriculum": [dataclasses.asdict(stage) for stage in curriculum_of(args)],
         "bias_update": not args.no_bias_update, "residual": config.residual, "tokens": result.tokens,
