@@ -68,9 +68,9 @@ LOAD_AT_START = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadav
 # with the answers first and the hybrid is still learning in either order (`bench/results/recipe52/lesson8-orders/`).
 # The shipped checkpoints share one recipe, which first grows the hybrid's MLA look-up on a scaffold
 # (`tiny_k3/scaffold.py`); it needs about 200 steps before the look-up appears, and in this lesson's 300 it did not
-# pay (`lesson8-orders/README.md`). The learning rate warms up and decays on a cosine (exercise 8.2), and every
-# MLA layer's attention logits start `QK_GAIN` times larger than the plain init (`scale_attention_logits_at_init`:
-# a look-up must first stop attending uniformly).
+# pay (`bench/results/recipe52/lesson8-orders/README.md`). The learning rate warms up and decays on a cosine
+# (exercise 8.2), and every MLA layer's attention logits start `QK_GAIN` times larger than the plain init
+# (`scale_attention_logits_at_init`: a look-up must first stop attending uniformly).
 
 # %%
 LESSON_MODEL = K3Config.preset("small").replace(name="lesson", num_layers=4, layer_kinds=(), num_experts=112, top_k=2,

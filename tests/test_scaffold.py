@@ -15,8 +15,8 @@ from tiny_k3.data import BLIND_WINDOW, Rows, Stage, corpus_rows
 from tiny_k3.model import TinyK3
 from tiny_k3.scaffold import (Scaffold, identity_taps, layers_below_first_mla, parse_scaffold,
                               scaffold_conv_layers, scaffolded_config)
-from tiny_k3.train import (CURRICULUM, LOOKUP_FIRST, SCAFFOLD_BLIND, SCAFFOLD_BLIND_FIRST, SCAFFOLD_FIRST,
-                           blind_window, lm_loss, main, memory_kept_without_mla, train)
+from tiny_k3.train import (CURRICULUM, LOOKUP_FIRST, SCAFFOLD_BLIND, SCAFFOLD_BLIND_FIRST, SCAFFOLD_FIRST, _parser,
+                           blind_window, curriculum_of, lm_loss, main, memory_kept_without_mla, train)
 
 F64 = torch.float64
 
@@ -171,3 +171,11 @@ def test_a_memoryless_stage_keeps_the_states_of_a_model_without_mla_and_wipes_th
     with torch.no_grad():
         wiped, kept = lm_loss(model, rows), lm_loss(model, memory_kept_without_mla(kda_only, stage, rows))
     assert abs(wiped.item() - kept.item()) > 1e-6       # the marks did wipe its states; dropping them keeps them
+
+
+def test_mla_blind_share_sets_every_stage_but_the_memoryless_ones_and_checks_its_range():
+    args = _parser().parse_args(["--curriculum", "scaffold-first", "--mla-blind-share", "0.3"])
+    assert curriculum_of(args) == SCAFFOLD_BLIND                  # attempt 10's curriculum, by the flag
+    with pytest.raises(ValueError, match=r"--mla-blind-share must lie in \[0, 1\], got 1.5"):
+        curriculum_of(_parser().parse_args(["--curriculum", "scaffold-first", "--mla-blind-share", "1.5"]))
+    assert curriculum_of(_parser().parse_args(["--curriculum", "scaffold-first"])) == SCAFFOLD_FIRST

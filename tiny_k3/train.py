@@ -321,6 +321,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stages", type=int, default=None,
                         help="train on the curriculum's first STAGES stages only, the steps split among them "
                              "(a probe of an early stage at length)")
+    parser.add_argument("--mla-blind-share", type=float, default=None,
+                        help="share of steps on which the MLA layers see only their last 8 keys, on every stage that "
+                             "is not memoryless (Stage.mla_blind_share; a hybrid only)")
     parser.add_argument("--qk-gain", type=float, default=QK_GAIN,
                         help="multiply MLA attention logits at init by this (scale_attention_logits_at_init)")
     parser.add_argument("--answer-weight", type=float, default=ANSWER_WEIGHT,
@@ -362,8 +365,14 @@ def config_changes(settings: list[str]) -> dict:
 
 
 def curriculum_of(args: argparse.Namespace) -> tuple[Stage, ...]:
-    """The stages that --curriculum names, cut to the first --stages of them where given."""
+    """The stages that --curriculum names, cut to the first --stages of them where given, with --mla-blind-share
+    (where given) on every stage that is not memoryless."""
     stages = CURRICULA[args.curriculum]
+    if args.mla_blind_share is not None:
+        if not 0.0 <= args.mla_blind_share <= 1.0:
+            raise ValueError(f"--mla-blind-share must lie in [0, 1], got {args.mla_blind_share}.")
+        stages = tuple(st if st.memoryless else dataclasses.replace(st, mla_blind_share=args.mla_blind_share)
+                       for st in stages)
     if args.stages is None:
         return stages
     if not 1 <= args.stages <= len(stages):
