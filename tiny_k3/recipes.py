@@ -57,7 +57,12 @@ SCAFFOLD_FIRST = (LOOKUP_FIRST[0], LOOKUP_FIRST[0], *CURRICULUM)
 # Attempt 10: SCAFFOLD_FIRST with the MLA blind on 30 % of the steps after the memoryless stages
 # (Stage.mla_blind_share), meant to teach the KDA states the few pairs beside the MLA. Measured: they learned none
 # (bench/results/recipe52/README.md); a model without both layer kinds is never blinded.
-SCAFFOLD_BLIND = (*SCAFFOLD_FIRST[:2], *(dataclasses.replace(stage, mla_blind_share=0.3) for stage in CURRICULUM))
+def with_mla_blind(stages: tuple[Stage, ...], share: float) -> tuple[Stage, ...]:
+    """`stages` with Stage.mla_blind_share = `share` on every stage that is not memoryless (train --mla-blind-share)."""
+    return tuple(st if st.memoryless else dataclasses.replace(st, mla_blind_share=share) for st in stages)
+
+
+SCAFFOLD_BLIND = with_mla_blind(SCAFFOLD_FIRST, 0.3)
 # Attempt 11: SCAFFOLD_FIRST with the MLA blind on every step of its first stateful stage (every byte in the loss),
 # so the KDA states must learn to bind keys there, as `small-kda`'s do, while the grown look-up waits; then both.
 SCAFFOLD_BLIND_FIRST = (*SCAFFOLD_FIRST[:2], dataclasses.replace(CURRICULUM[0], mla_blind_share=1.0), *CURRICULUM[1:])
@@ -83,5 +88,5 @@ CURRICULA = {"plain": CURRICULUM, "answers-first": ANSWERS_FIRST, "forget": CURR
              "scaffold-blind-first": SCAFFOLD_BLIND_FIRST, "pairs26": CURRICULUM_26,
              "induction": INDUCTION_CURRICULUM}
 
-__all__ = ["CURRICULUM", "ANSWERS_FIRST", "CURRICULUM_FORGET", "LOOKUP_FIRST", "SCAFFOLD_FIRST", "SCAFFOLD_BLIND",
+__all__ = ["with_mla_blind", "CURRICULUM", "ANSWERS_FIRST", "CURRICULUM_FORGET", "LOOKUP_FIRST", "SCAFFOLD_FIRST", "SCAFFOLD_BLIND",
            "SCAFFOLD_BLIND_FIRST", "CURRICULUM_26", "INDUCTION_CURRICULUM", "CURRICULA"]

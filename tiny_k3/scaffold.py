@@ -121,13 +121,12 @@ class Scaffold:
             return model
         state = model.state_dict()
         for i in layers:
-            w = state[f"blocks.{i}.attn.short_conv.weight"]
+            w = state.pop(f"blocks.{i}.attn.short_conv.weight")
             if not torch.equal(w, identity_taps(w)):
                 raise ValueError(f"the scaffold conv of layer {i} is not the identity yet: a run must last at "
                                  f"least grow + fade = {self.down_at + 1} steps.")
         plain_model = TinyK3(plain, device=model.device, dtype=next(model.parameters()).dtype)
-        plain_model.load_state_dict({k: v for k, v in state.items()
-                                     if not any(k == f"blocks.{i}.attn.short_conv.weight" for i in layers)})
+        plain_model.load_state_dict(state)
         plain_model.train(model.training)
         return plain_model
 

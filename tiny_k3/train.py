@@ -52,7 +52,8 @@ from .hooks import Hooks
 from .model import TinyK3
 from .recall import make_probes, recall_accuracy
 from .recipes import (ANSWERS_FIRST, CURRICULA, CURRICULUM, CURRICULUM_26, CURRICULUM_FORGET,  # noqa: F401 (re-exported)
-                      INDUCTION_CURRICULUM, LOOKUP_FIRST, SCAFFOLD_BLIND, SCAFFOLD_BLIND_FIRST, SCAFFOLD_FIRST)
+                      INDUCTION_CURRICULUM, LOOKUP_FIRST, SCAFFOLD_BLIND, SCAFFOLD_BLIND_FIRST, SCAFFOLD_FIRST,
+                      with_mla_blind)
 from .scaffold import Scaffold, parse_scaffold, scaffolded_config
 from .weights import config_for, save_pretrained, stored_config, stored_state, weights_path
 
@@ -322,8 +323,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="train on the curriculum's first STAGES stages only, the steps split among them "
                              "(a probe of an early stage at length)")
     parser.add_argument("--mla-blind-share", type=float, default=None,
-                        help="share of steps on which the MLA layers see only their last 8 keys, on every stage that "
-                             "is not memoryless (Stage.mla_blind_share; a hybrid only)")
+                        help=f"share of steps on which the MLA layers see only their last {BLIND_WINDOW} keys, on "
+                             "every stage that is not memoryless (Stage.mla_blind_share; a hybrid only)")
     parser.add_argument("--qk-gain", type=float, default=QK_GAIN,
                         help="multiply MLA attention logits at init by this (scale_attention_logits_at_init)")
     parser.add_argument("--answer-weight", type=float, default=ANSWER_WEIGHT,
@@ -371,8 +372,7 @@ def curriculum_of(args: argparse.Namespace) -> tuple[Stage, ...]:
     if args.mla_blind_share is not None:
         if not 0.0 <= args.mla_blind_share <= 1.0:
             raise ValueError(f"--mla-blind-share must lie in [0, 1], got {args.mla_blind_share}.")
-        stages = tuple(st if st.memoryless else dataclasses.replace(st, mla_blind_share=args.mla_blind_share)
-                       for st in stages)
+        stages = with_mla_blind(stages, args.mla_blind_share)
     if args.stages is None:
         return stages
     if not 1 <= args.stages <= len(stages):
