@@ -12,17 +12,21 @@ the full length, which is exact for a loop of identical steps, and marked '*'). 
 count repeats the longest chunked run with every channel decaying at the bound (g = -5), the worst case:
 no chunk can be factored in one piece, so every chunk is split into sub-chunks. `--floor` adds the chunked
 call's op floor (bench/op_floor.py): what its ops take when each runs alone with its operands in cache.
-Target (issue 15): chunked at T=4096 >= 25x fla's naive recurrence on 1 thread, >= 35x on 2. `--compiled` adds the
-compiled kernel (tiny_k3/compiled.py) at each length, eager beside it, and its compile time (issue 36).
+Target (issue 15): chunked at T=4096 >= 25x fla's naive recurrence on 1 thread, >= 35x on 2. `--compiled` adds what
+TINY_K3_COMPILE=1 runs (tiny_k3/compiled.py) at each length, eager beside it: without autograd the C recurrence
+(tiny_k3/kda_native.c) with its build time and its ratio to fla's naive (issue 36's target: >= 25x at T=4096 on 1
+thread, never slower than eager at T=64), and the inductor kernel that training uses, with its compile time.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import pathlib
 import resource
 import sys
+import tempfile
 import time
 
 import torch
@@ -31,7 +35,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from op_floor import record_ops, replay_floor  # noqa: E402
-from tiny_k3 import compiled  # noqa: E402
+from tiny_k3 import compiled, native  # noqa: E402
+from tiny_k3.kda_chunk import kda_chunked_compiled  # noqa: E402
 from tiny_k3.kda import kda_chunked, kda_gate, kda_recurrent  # noqa: E402
 from provenance import provenance_line  # noqa: E402
 
@@ -152,12 +157,14 @@ def main() -> None:
                 kda_recurrent(*warm)
                 if fla is not None:
                     fla(*warm)
+            fla_ms = {}
             for T in args.lengths:
                 x = inputs(T, args.device)
                 chunked, theirs, cut_fla, faults = chunked_vs_reference(
                     lambda: kda_chunked(*x, chunk_size=args.chunk), fla, x, args.rounds, args.reference_rounds, sync)
                 ours, cut, o_rec = recurrence_ms(kda_recurrent, x, sync)
                 diff = (kda_chunked(*x, chunk_size=args.chunk)[0][:, :o_rec.shape[1]] - o_rec).abs().max().item()
+                fla_ms[T] = theirs
                 if theirs is not None:
                     fla_cols = f"{theirs:>12.0f}{'*' if cut_fla else ' '} {theirs / chunked:>6.1f}x"
                 else:
@@ -172,15 +179,37 @@ def main() -> None:
                 x = inputs(T, args.device)
                 print_floor(lambda: kda_chunked(*x, chunk_size=args.chunk), T, sync)
             if args.compiled:
-                print_compiled(args.lengths, args.rounds, args.device, sync)
+                print_compiled(args.lengths, args.rounds, args.device, sync, fla_ms)
 
 
-def print_compiled(lengths, rounds: int, device: str, sync) -> None:
-    """The compiled kernel (`kda_factored` under torch.compile, TINY_K3_COMPILE's KDA op) beside eager `kda_chunked`,
-    without autograd: compile s is its first call at that length (a warm inductor cache makes it shorter)."""
-    kernel = compiled.ops()["kda_chunked"]
+def print_compiled(lengths, rounds: int, device: str, sync, fla_ms: dict) -> None:
+    """What TINY_K3_COMPILE=1 runs for KDA, beside eager `kda_chunked`, without autograd: `kda_chunked_compiled`,
+    which on the CPU is the C recurrence (tiny_k3/kda_native.c; build s: its first build, cold, in a fresh
+    folder), and the inductor kernel `kda_factored` that training uses (with autograd; compile s: its first call at
+    that length, in this process's inductor cache)."""
     compiled.enable(True)
-    print(f"{'T':>6} {'chunked ms':>11} {'compiled ms':>12} {'vs eager':>9} {'compile s':>10}   (compiled kernel)")
+    os.environ["TINY_K3_NATIVE_DIR"] = tempfile.mkdtemp(prefix="tiny_k3_native_")
+    start = time.perf_counter()
+    problem = native.problem(torch.float32)
+    build_s = time.perf_counter() - start
+    if problem is not None or device != "cpu":
+        print(f"(the C recurrence does not run here: {problem or 'it is for the CPU'})")
+    else:
+        print(f"{'T':>6} {'chunked ms':>11} {'C rec. ms':>10} {'vs eager':>9} {'vs fla':>7} {'max |diff|':>11}"
+              f"   (TINY_K3_COMPILE=1: the C recurrence, built in {build_s:.1f} s)")
+        for T in lengths:
+            x = inputs(T, device)
+            ms = best_ms(lambda: kda_chunked_compiled(*x), rounds, sync)
+            eager = best_ms(lambda: kda_chunked(*x), rounds, sync)
+            diff = (kda_chunked_compiled(*x)[0] - kda_chunked(*x)[0]).abs().max().item()
+            vs_fla = f"{fla_ms[T] / ms:>6.1f}x" if fla_ms.get(T) else f"{'-':>7}"
+            print(f"{T:>6} {eager:>11.1f} {ms:>10.1f} {eager / ms:>8.2f}x {vs_fla} {diff:>11.1e}")
+        x = inputs(lengths[-1], device, strong_decay=True)
+        worst, eager = best_ms(lambda: kda_chunked_compiled(*x), 3, sync), best_ms(lambda: kda_chunked(*x), 3, sync)
+        print(f"{lengths[-1]:>6} {eager:>11.1f} {worst:>10.1f} {eager / worst:>8.2f}x   (worst-case decay g = -5)")
+    kernel = compiled.ops()["kda_chunked"]
+    print(f"{'T':>6} {'chunked ms':>11} {'compiled ms':>12} {'vs eager':>9} {'compile s':>10}"
+          "   (inductor kernel, as in training)")
     for T in lengths:
         x = inputs(T, device)
         S0 = x[0].new_zeros(H, K, V)

@@ -46,7 +46,9 @@ from tiny_k3.config import K3Config
 from tiny_k3.data import Stage, curriculum_rows
 from tiny_k3.recall import Score, compare, make_probes, recall_hits, verdict, wilson_interval
 from tiny_k3.tokenizer import decode
-from tiny_k3.train import ANSWER_WEIGHT, CURRICULUM, EVAL_SEED, QK_GAIN, lr_at, train
+from tiny_k3.recipes import CURRICULUM, SCAFFOLD_FIRST
+from tiny_k3.scaffold import Scaffold
+from tiny_k3.train import ANSWER_WEIGHT, EVAL_SEED, QK_GAIN, lr_at, train
 
 facts = {}                         # what the prose below claims, measured here (tests/test_lessons.py checks it)
 FAST = os.environ.get("TINY_K3_LESSON_FAST", "") == "1"
@@ -57,38 +59,45 @@ LOAD_AT_START = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadav
 # ## 1. The recipe
 #
 # Everything that decides the outcome, in one place. The models: `small` at four layers instead of eight
-# (K3's 56:1 routing kept with 112 experts, 2 chosen, each 64 wide) and its twin. The data: the two recall stages
-# of the shipped checkpoints' recipe, recall lines alone, half the steps each, at most 16 characters of filler.
-# One puts every byte in the loss, the answer bytes `ANSWER_WEIGHT` times as much (exercise 8.1), on lines of one
-# to eight pairs; the other puts the loss on the answers alone, on lines of one to sixteen pairs with every key
-# asked after the mark. Each kind of model gets them in the order it needs: the hybrid every byte first (its KDA
-# layers learn to bind a key to its value from the whole stream), the twin the answers first (all of the gradient
-# goes to the look-up softmax attention must find). At full size, in the other order each got stuck near half of
-# the values at 4 pairs (`bench/results/recipe52/README.md`, attempts 1-4); at this size and budget the twin learns
-# with the answers first and the hybrid is still learning in either order (`bench/results/recipe52/lesson8-orders/`).
-# The shipped checkpoints share one recipe, which first grows the hybrid's MLA look-up on a scaffold
-# (`tiny_k3/scaffold.py`); it needs about 200 steps before the look-up appears, and in this lesson's 300 it did not
-# pay (`bench/results/recipe52/lesson8-orders/README.md`). The learning rate warms up and decays on a cosine
-# (exercise 8.2), and every MLA layer's attention logits start `QK_GAIN` times larger than the plain init
-# (`scale_attention_logits_at_init`: a look-up must first stop attending uniformly).
+# (K3's 56:1 routing kept with 112 experts, 2 chosen, each 64 wide) and its twin. The data: the first two stages of
+# the shipped checkpoints' recipe (`SCAFFOLD_FIRST` in `tiny_k3/recipes.py`), recall lines alone, half the steps
+# each, at most 16 characters of filler. The first puts the loss on the answers alone, on lines of one to sixteen
+# pairs with every key asked after the mark, and every KDA layer forgets its state before every token
+# (`memoryless`): only attention can look back, so the MLA layers must grow the look-up. The second puts every byte
+# in the loss, the answer bytes `ANSWER_WEIGHT` times as much (exercise 8.1), on lines of one to eight pairs, and the
+# states remember again.
+#
+# Both models get the same recipe, seed and steps. The twin's first layer is attention with a short convolution in
+# front of it (lesson 0: the key one byte back and the value's key two bytes back, in one view), so it can grow the
+# look-up from the start. The hybrid's one MLA layer sits on three KDA layers and has no convolution of its own, so
+# it grows the look-up on a **scaffold** (`tiny_k3/scaffold.py`, as the shipped `small` did): for the first
+# `SCAFFOLD[0]` steps a short convolution stands in front of it and the KDA layers below are silent and frozen (they
+# add nothing and learn nothing); over the next `SCAFFOLD[1]` they train again while that convolution fades to the
+# identity, and then it is taken away, so what you get is the plain hybrid. The twin has nothing below its first MLA
+# layer: for it the scaffold does nothing. The learning rate warms up and decays on a cosine (exercise 8.2); it peaks
+# at 5e-3, above the shipped 3e-3, with which this budget's twin was still at about a third of the values at 4 pairs
+# (`bench/results/recipe52/lesson8-orders/README.md`). Every MLA layer's attention logits start `QK_GAIN` times
+# larger than the plain init (`scale_attention_logits_at_init`: a look-up must first stop attending uniformly).
 
 # %%
 LESSON_MODEL = K3Config.preset("small").replace(name="lesson", num_layers=4, layer_kinds=(), num_experts=112, top_k=2,
                                moe_intermediate=64, attnres_block_size=2)
 MODELS = {"lesson": LESSON_MODEL, "lesson-twin": LESSON_MODEL.twin()}
-EVERY_BYTE, ANSWERS_ALONE = CURRICULUM[:2]      # the shipped recipe's two recall stages
+GROW_LOOKUP, EVERY_BYTE = SCAFFOLD_FIRST[0], CURRICULUM[0]     # the shipped recipe's first two kinds of stage
 RECIPE = dict(
     presets=tuple(MODELS),
-    steps=300,                      # per model: about two minutes of one CPU core each
+    steps=400,                      # per model: about two minutes of one CPU core each
     seed=0,
-    lr=3e-3,
+    lr=5e-3,
     qk_gain=QK_GAIN,
-    curricula={"lesson": (EVERY_BYTE, ANSWERS_ALONE), "lesson-twin": (ANSWERS_ALONE, EVERY_BYTE)},
+    scaffold=(200, 50),             # (grow, fade) steps of tiny_k3.scaffold.Scaffold; the twin has nothing to scaffold
+    curricula={name: (GROW_LOOKUP, EVERY_BYTE) for name in MODELS},
 )
 steps = 24 if FAST else RECIPE["steps"]
+SCAFFOLD = tuple(max(1, n * steps // RECIPE["steps"]) for n in RECIPE["scaffold"])   # the short run's, to scale
 eval_every = max(1, steps // 8)
 warmup = min(100, steps // 10)      # train()'s default warm-up
-facts.update(fast=FAST, steps=steps, recipe_steps=RECIPE["steps"],
+facts.update(fast=FAST, steps=steps, recipe_steps=RECIPE["steps"], scaffold=SCAFFOLD,
              stages={n: [dataclasses.asdict(s) for s in c] for n, c in RECIPE["curricula"].items()},
              layer_kinds={n: list(c.layer_kinds) for n, c in MODELS.items()},
              conv_layers={n: list(c.mla_conv_layers) for n, c in MODELS.items()})
@@ -96,13 +105,13 @@ for name, cfg in MODELS.items():
     print(f"{name:>11}: {', '.join(k.upper() + ('+conv' if i in cfg.mla_conv_layers else '') for i, k in enumerate(cfg.layer_kinds))}"
           f"; width {cfg.hidden_size}, {cfg.num_experts} experts, {cfg.top_k} chosen")
 for key, value in RECIPE.items():
-    if key not in ("curricula", "presets"):
+    if key not in ("curricula", "presets", "scaffold"):
         print(f"{key:>11}: {value}")
-for name, stages in RECIPE["curricula"].items():
-    for i, stage in enumerate(stages):
-        print(f"{name + ' ' + str(i + 1):>14}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(stage).items()
-                                                          if k in ("max_pairs", "seq_len", "batch", "ask_all",
-                                                                   "other_weight")))
+for i, stage in enumerate(RECIPE["curricula"]["lesson"]):
+    print(f"{'stage ' + str(i + 1):>11}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(stage).items()
+                                                       if k in ("max_pairs", "seq_len", "batch", "ask_all",
+                                                                "other_weight", "memoryless")))
+print(f"{'scaffold':>11}: grow {SCAFFOLD[0]} steps, fade {SCAFFOLD[1]} (the hybrid; the twin has nothing to scaffold)")
 print(f"{'loss':>11}: next-byte cross-entropy, answer bytes x{ANSWER_WEIGHT:g}, the other bytes x1 or x0 by stage; "
       f"AdamW, clip 1.0, warm-up {warmup} steps, cosine to lr/10")
 print(f"this run: {steps} steps per model" + (" (TINY_K3_LESSON_FAST=1: the test suite's short run)" if FAST else ""))
@@ -133,7 +142,8 @@ torch.set_num_threads(1)
 runs = {}
 for name in RECIPE["presets"]:
     runs[name] = train(MODELS[name], steps, RECIPE["seed"], lr=RECIPE["lr"], curriculum=RECIPE["curricula"][name],
-                       qk_gain=RECIPE["qk_gain"], eval_every=eval_every, progress=False, log=lambda msg: None)
+                       qk_gain=RECIPE["qk_gain"], scaffold=Scaffold(*SCAFFOLD), eval_every=eval_every,
+                       progress=False, log=lambda msg: None)
     r = runs[name]
     print(f"{name}: {sum(p.numel() for p in r.model.parameters()):,} parameters, {steps} steps, {r.tokens:,} "
           f"tokens in {r.seconds:.1f} s wall, {r.cpu_seconds:.1f} s CPU; held-out loss {r.fresh_eval_loss:.2f} -> "
@@ -300,14 +310,15 @@ most = {name: Score(points[-1]["hits"], points[-1]["n"]) for name, points in aft
 print("•", verdict("lesson-twin", most["lesson-twin"], "lesson", most["lesson"], f"at {PAIRS[-1]} pairs"))
 
 # %% [markdown]
-# What each model needs to find the look-up. Each KDA layer runs a short convolution over its last
-# `kda_conv_kernel` inputs before the delta rule (lesson 2): the key's letter and the `=` after it arrive
-# together, so a key-value binding is one write, but the write must also be learned, and the hybrid here is
-# still learning it at this budget (the lines above say how far it got). A softmax-only model has no local mixing
-# of its own, and growing previous-token heads takes it far longer than a laptop gives (docs/recall.md: a plain
-# twin stalled near 50 % at 4 pairs after 40 CPU-minutes); the twin here keeps K3's short convolution, so both
-# models start from the same local view and differ only in how they remember. Past 16 pairs neither trained:
-# the shipped checkpoints (lesson 3, section 7) show the many-pair side, where a fixed state runs out.
+# What each model needs to find the look-up. A look-up in `b=5;` needs, at the query's `=`, the key one byte back,
+# and at the value, its key two bytes back. A short convolution over the last `kda_conv_kernel` inputs hands a layer
+# both at once (lesson 2); a softmax-only model without one must first grow previous-token heads, which takes it far
+# longer than a laptop gives (docs/recall.md: a plain twin stalled near 50 % at 4 pairs after 40 CPU-minutes). So the
+# twin keeps K3's short convolution and the two models start from the same local view, differing only in how they
+# remember; the hybrid's MLA, which has no convolution in K3, borrows one on the scaffold while the look-up grows.
+# A run is one sample of a seeded process: with seed 1 instead of 0, this budget's twin was still at about a third of
+# the values at 4 pairs (the README above). Past 16 pairs neither trained: the shipped checkpoints (lesson 3,
+# section 7) show the many-pair side, where a fixed state runs out and a cache does not.
 
 # %% [markdown]
 # ## 6. The full run, recorded

@@ -32,3 +32,14 @@ def torch_threads(request):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def compiling():
+    """The compiled path's switch on for one test (TINY_K3_COMPILE=1), as it was afterwards."""
+    from tiny_k3 import compiled
+
+    before = compiled.enabled()
+    compiled.enable(True)
+    yield
+    compiled.enable(before)

@@ -631,11 +631,15 @@ def _intervals_are_wilson(curves: dict, after: dict) -> None:
 def test_lesson8_facts(executed):
     f = _facts(executed, "08_train_it_yourself.py")
     assert f["fast"] is True and f["steps"] < f["recipe_steps"], "the suite runs lesson 8's short budget"
-    # section 1's prose: two stages of recall lines, at most 16 characters of filler: 1-8 pairs with every byte in
-    # the loss, then 1-16 pairs, every key asked, the loss on the answers alone
-    every_byte, answers = (16, 8, 1.0, False, 1.0), (16, 16, 1.0, True, 0.0)     # "each in the order it needs"
-    assert {n: [(s["max_filler"], s["max_pairs"], s["recall_share"], s["ask_all"], s["other_weight"]) for s in st]
-            for n, st in f["stages"].items()} == {"lesson": [every_byte, answers], "lesson-twin": [answers, every_byte]}
+    # section 1's prose: two stages of recall lines, at most 16 characters of filler: 1-16 pairs, every key asked,
+    # the loss on the answers alone, every KDA state forgotten before each token; then 1-8 pairs with every byte in
+    # the loss and the states remembering; "both models get the same recipe"
+    grow, every_byte = (16, 16, 1.0, True, 0.0, True), (16, 8, 1.0, False, 1.0, False)
+    assert {n: [(s["max_filler"], s["max_pairs"], s["recall_share"], s["ask_all"], s["other_weight"], s["memoryless"])
+                for s in st] for n, st in f["stages"].items()} == {"lesson": [grow, every_byte],
+                                                                    "lesson-twin": [grow, every_byte]}
+    grow_steps, fade_steps = f["scaffold"]      # the short run scales the scaffold and still takes it down
+    assert 1 <= grow_steps and 1 <= fade_steps and grow_steps + fade_steps <= f["steps"], f["scaffold"]
     # "small's widths at four layers ... and its twin, KDA's short convolution kept in front of its attention"
     assert f["layer_kinds"] == {"lesson": ["kda", "kda", "kda", "mla"], "lesson-twin": ["mla"] * 4}, f
     assert f["conv_layers"] == {"lesson": [], "lesson-twin": [0, 1, 2]}, f

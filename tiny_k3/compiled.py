@@ -10,12 +10,15 @@ decides and every op keeps its eager reference beside it:
 | op                  | where                        | why it pays (bench/bench_train.py, bench/bench_kda.py)           |
 |---------------------|------------------------------|------------------------------------------------------------------|
 | `kda_chunked`       | kda_chunk.kda_chunked_compiled | with autograd: the chunk loop's small ops, forward and backward, as fused kernels |
+| (C recurrence)      | native.kda_recurrent_native  | without autograd on the CPU: KDA's recurrence as a C loop (kda_native.c, built with $CC) |
 | `kda_gate`          | kda.kda_gate                 | the decay gate's five element-wise passes (and their backward) as one |
 | `depth_attention`   | attnres.depth_attention_of   | a depth read with autograd (stack, norm, softmax, sum; backward) in a few kernels: ~5x |
 
 Where no C++ compiler is found, or compiling an op fails, that op runs eager and one line says why (a
-RuntimeWarning): the compiled path never stops a run. Compiled and eager results agree to float rounding
-(tests/test_compiled.py: float64, forward and backward, each op and a whole training step).
+RuntimeWarning): the compiled path never stops a run. The C recurrence is built by tiny_k3/native.py with the
+system C compiler (about a second, once per machine) and falls back the same way. Compiled and eager results
+agree to float rounding (tests/test_compiled.py: float64, forward and backward, each op and a whole training step;
+tests/test_native.py: the C recurrence against the definition).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import compiled
+from . import compiled, native
 from .fused import autograd_needed, scratch_buffer
 
 
@@ -458,19 +458,30 @@ _FACTORED = compiled.op("kda_chunked", kda_factored)
 def kda_chunked_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
                          scale: float | None = None, initial_state: torch.Tensor | None = None,
                          output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`kda_chunked`, through the compiled `kda_factored` where that pays: with autograd, while the compiled path is
-    on (tiny_k3/compiled.py). Elsewhere, and where a chunk's decay is too strong to factor, `kda_chunked` itself:
-    without autograd on the CPU its segment form is faster than the compiled kernel (bench/bench_kda.py), and a
-    kernel per prompt length would compile again for every prompt. The chunk length does not change the result.
+    """`kda_chunked`'s result by the fastest path this machine has, while the compiled path is on (tiny_k3/compiled.py).
+
+    With autograd: the compiled `kda_factored` (the chunk loop's small ops, forward and backward, fused). Without
+    it on the CPU: the recurrence as a C loop (tiny_k3/kda_native.c via tiny_k3/native.py), which on one core runs
+    ahead of every chunked form (bench/bench_kda.py) and needs no compile per prompt length. Elsewhere (the
+    switch off, no C compiler, a GPU, a decay too strong to factor): `kda_chunked` itself. Every path computes the
+    same equations; the chunk length does not change the result.
     """
     B, T, H, K, V = check_inputs("kda_chunked", q, k, v, g, beta, initial_state)
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, chunk_size=chunk_size)
     tensors = [t for t in (q, k, v, g, beta, initial_state) if t is not None]
-    if not compiled.enabled() or T == 0 or not autograd_needed(tensors):
+    if not compiled.enabled() or T == 0:
         return kda_chunked(q, k, v, g, beta, **kwargs)
     out_dtype, dtype = q.dtype, compute_dtype(*tensors)
     S = (q.new_zeros(B * H, K, V, dtype=dtype) if initial_state is None
          else initial_state.to(dtype).reshape(B * H, K, V))
+    if not autograd_needed(tensors):
+        if q.device.type != "cpu":
+            return kda_chunked(q, k, v, g, beta, **kwargs)
+        if (problem := native.problem(dtype)) is not None:
+            compiled.fall_back("kda_chunked (the C recurrence)", problem)
+            return kda_chunked(q, k, v, g, beta, **kwargs)
+        o, S = native.kda_recurrent_native(q, k, v, g, beta, S.view(B, H, K, V), K ** -0.5 if scale is None else scale)
+        return o.to(out_dtype), (S if output_final_state else None)
     o, S, spread = _FACTORED(*(t.to(dtype) for t in (q, k, v, g, beta)), S,
                              K ** -0.5 if scale is None else scale, _COMPILED_CHUNK)
     if float(spread) > _max_safe_spread(dtype):

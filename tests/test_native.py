@@ -1,0 +1,136 @@
+"""KDA's recurrence as a C loop (tiny_k3/kda_native.c, built by tiny_k3/native.py) against the definition.
+
+The kernel is part of the opt-in compiled path: without autograd on the CPU, `kda_chunked_compiled` runs it. Where
+no C compiler is found the tests that build it skip and say so; the fallback tests need none.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tiny_k3 import compiled, native
+from tiny_k3.kda import kda_recurrent
+from tiny_k3.kda_chunk import kda_chunked, kda_chunked_compiled
+
+F64 = torch.float64
+TOL = 1e-12      # float64: the same sums as the definition, in another order
+needs_cc = pytest.mark.skipif(native.c_compiler() is None, reason="no C compiler ($CC, cc, gcc or clang) here")
+
+
+@pytest.fixture
+def build_dir(tmp_path, monkeypatch):
+    """A fresh build folder, and nothing remembered from earlier builds in this process."""
+    monkeypatch.setenv("TINY_K3_NATIVE_DIR", str(tmp_path))
+    native._library.cache_clear()
+    yield tmp_path
+    native._library.cache_clear()
+
+
+def _inputs(B, T, H, K, V, dtype=F64, g_scale=1.0):
+    q, k = (F.normalize(torch.randn(B, T, H, K, dtype=dtype), dim=-1) for _ in range(2))
+    v = torch.randn(B, T, H, V, dtype=dtype)
+    g = -g_scale * torch.rand(B, T, H, K, dtype=dtype)
+    beta = torch.rand(B, T, H, dtype=dtype)
+    S0 = torch.randn(B, H, K, V, dtype=dtype)
+    return q, k, v, g, beta, S0
+
+
+@needs_cc
+@pytest.mark.parametrize("shape", [(2, 37, 3, 16, 24),    # V below one block of columns: the scalar tail alone
+                                   (1, 9, 2, 20, 70),     # full blocks and a tail
+                                   (2, 11, 1, 64, 64),    # the bench's head: blocks only
+                                   (1, 6, 3, 8, 32),      # heads side by side: one float64 block each
+                                   (1, 1, 1, 3, 1)])      # one token, one column
+def test_c_recurrence_equals_the_definition(build_dir, shape):
+    torch.manual_seed(0)
+    q, k, v, g, beta, S0 = _inputs(*shape)
+    o, S = native.kda_recurrent_native(q, k, v, g, beta, S0, 0.3)
+    o_ref, S_ref = kda_recurrent(q, k, v, g, beta, scale=0.3, initial_state=S0, output_final_state=True)
+    torch.testing.assert_close(o, o_ref, atol=TOL, rtol=0)
+    torch.testing.assert_close(S, S_ref, atol=TOL, rtol=0)
+    assert S0.abs().sum() > 0 and not torch.equal(S, S0), "the caller's initial state is read, not overwritten"
+
+
+@needs_cc
+def test_c_recurrence_in_float32_and_on_strided_inputs(build_dir):
+    torch.manual_seed(1)
+    q, k, v, g, beta, S0 = _inputs(1, 50, 2, 32, 40, dtype=torch.float32)
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)          # same values, another layout
+    o, S = native.kda_recurrent_native(q_strided, k, v, g, beta, S0, 0.5)
+    o_ref, S_ref = kda_recurrent(*(t.double() for t in (q, k, v, g, beta)), scale=0.5, initial_state=S0.double(),
+                                 output_final_state=True)
+    assert o.dtype == torch.float32
+    torch.testing.assert_close(o.double(), o_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(S.double(), S_ref, atol=1e-5, rtol=0)
+
+
+@needs_cc
+def test_the_build_is_kept_and_reused(build_dir):
+    assert native.problem(F64) is None
+    built = sorted(p.name for p in build_dir.iterdir())
+    assert len(built) == 1 and built[0].startswith("kda_native_double_") and built[0].endswith(".so")
+    native._library.cache_clear()
+    stamp = (build_dir / built[0]).stat().st_mtime_ns
+    assert native.problem(F64) is None
+    assert (build_dir / built[0]).stat().st_mtime_ns == stamp, "a second process loads the kept library"
+
+
+@needs_cc
+def test_compiled_switch_runs_the_c_recurrence_without_autograd(build_dir, compiling, monkeypatch):
+    torch.manual_seed(2)
+    q, k, v, g, beta, S0 = _inputs(2, 45, 2, 16, 16)
+    calls = []
+    real = native.kda_recurrent_native
+    monkeypatch.setattr(native, "kda_recurrent_native", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        o, S = kda_chunked_compiled(q, k, v, g, beta, initial_state=S0, output_final_state=True)
+        o_ref, S_ref = kda_chunked(q, k, v, g, beta, initial_state=S0, output_final_state=True)
+    assert calls == [1], "without autograd on the CPU the switch takes the C loop"
+    torch.testing.assert_close(o, o_ref, atol=TOL, rtol=0)
+    torch.testing.assert_close(S, S_ref, atol=TOL, rtol=0)
+
+
+def test_refuses_inputs_that_need_gradients(build_dir):
+    q, k, v, g, beta, S0 = _inputs(1, 4, 1, 4, 4)
+    if native.problem(F64) is not None:
+        pytest.skip(f"the C kernel is not built here: {native.problem(F64)}")
+    q.requires_grad_()
+    with pytest.raises(ValueError, match="no gradient"):
+        native.kda_recurrent_native(q, k, v, g, beta, S0, 0.5)
+    with torch.no_grad():       # the same inputs where no gradient is wanted: computed
+        o, _ = native.kda_recurrent_native(q, k, v, g, beta, S0, 0.5)
+    torch.testing.assert_close(o, kda_recurrent(q.detach(), k, v, g, beta, scale=0.5, initial_state=S0)[0],
+                               atol=TOL, rtol=0)
+
+
+def test_other_dtypes_are_refused_with_a_reason():
+    assert "float32 or float64" in native.problem(torch.bfloat16)
+
+
+def test_without_a_c_compiler_the_switch_falls_back_with_one_line(build_dir, compiling, monkeypatch):
+    monkeypatch.setenv("CC", "")
+    monkeypatch.setenv("PATH", str(build_dir))          # nothing to build with
+    assert native.c_compiler() is None
+    assert native.problem(F64) == "no C compiler found ($CC, cc, gcc or clang)"
+    compiled._warned.discard("kda_chunked (the C recurrence)")
+    torch.manual_seed(3)
+    q, k, v, g, beta, S0 = _inputs(1, 20, 2, 8, 8)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        o, _ = kda_chunked_compiled(q, k, v, g, beta, initial_state=S0)
+    lines = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert lines == ["tiny_k3: kda_chunked (the C recurrence) runs eager, not compiled: no C compiler found "
+                     "($CC, cc, gcc or clang)"]
+    torch.testing.assert_close(o, kda_recurrent(q, k, v, g, beta, initial_state=S0)[0], atol=TOL, rtol=0)
+
+
+@needs_cc
+def test_a_failed_build_says_what_the_compiler_said(build_dir, monkeypatch, tmp_path):
+    broken = tmp_path / "kda_native.c"
+    broken.write_text("this is not C;\n")
+    monkeypatch.setattr(native, "SOURCE", broken)
+    reason = native.problem(F64)
+    assert reason is not None and "could not build kda_native.c" in reason and "\n" not in reason
+    assert not list(build_dir.glob("*.so")), "nothing half-built is kept"

@@ -1,0 +1,124 @@
+"""KDA's recurrence as a C loop (tiny_k3/kda_native.c), built with the system C compiler and called through ctypes.
+
+Part of the opt-in compiled path (tiny_k3/compiled.py): with TINY_K3_COMPILE=1, `kda_chunked_compiled` runs this
+kernel where no gradient is needed on the CPU (prefill, the TUI's steps, the benches). The build takes about a
+second, once per machine: the library is kept under $TINY_K3_NATIVE_DIR (default ~/.cache/tiny_k3/native), named
+by a hash of the source, the compiler and the CPU, so a changed file or another machine builds afresh. Where no C
+compiler is found or the build fails, `problem()` says why and the caller runs eager (one line, never a crash).
+
+The kernel equals `kda.kda_recurrent` to float rounding (tests/test_native.py, float64); it has no backward, so a
+call whose inputs need gradients is refused here and the caller takes a path with autograd.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kda_native.c")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99")   # (gnu99: vector types)
+TYPES = {torch.float32: "float", torch.float64: "double"}   # one library per element type: its REAL
+
+
+def build_dir() -> Path:
+    """Where built libraries are kept: $TINY_K3_NATIVE_DIR, else $XDG_CACHE_HOME/tiny_k3/native (~/.cache/...)."""
+    if os.environ.get("TINY_K3_NATIVE_DIR"):
+        return Path(os.environ["TINY_K3_NATIVE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tiny_k3" / "native"
+
+
+def c_compiler() -> str | None:
+    """The C compiler to build with: $CC, else cc, gcc or clang, the first found on PATH; None when none is."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_name() -> str:
+    """The CPU's model line (-march=native code may not run on another CPU sharing the same home folder)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.lru_cache(maxsize=None)
+def _library(dtype: torch.dtype) -> ctypes.CDLL | str:
+    """The kernel for `dtype`, built on first use; or a one-line reason why it cannot be had here."""
+    cc = c_compiler()
+    if cc is None:
+        return "no C compiler found ($CC, cc, gcc or clang)"
+    real = TYPES[dtype]
+    defines = (f"-DREAL={real}",)
+    key = hashlib.sha256(b"\0".join(x.encode() for x in (SOURCE.read_text(), cc, *FLAGS, *defines,
+                                                          platform.machine(), _cpu_name()))).hexdigest()[:16]
+    path = build_dir() / f"kda_native_{real}_{key}.so"
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:   # build aside, then move in at once
+                built = Path(tmp) / path.name
+                run = subprocess.run([cc, *FLAGS, *defines, str(SOURCE), "-o", str(built)],
+                                     capture_output=True, text=True, timeout=120)
+                if run.returncode != 0:
+                    first = (run.stderr.strip().splitlines() or ["no message"])[0]
+                    return f"{Path(cc).name} could not build {SOURCE.name}: {first}"[:300]
+                os.replace(built, path)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"could not build {SOURCE.name} in {path.parent}: {exc}"[:300]
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        return f"could not load {path}: {exc}"[:300]
+    c_real = ctypes.c_float if dtype == torch.float32 else ctypes.c_double
+    lib.kda_recurrent.argtypes = [ctypes.c_long] * 5 + [ctypes.c_void_p] * 5 + [c_real] + [ctypes.c_void_p] * 2
+    lib.kda_recurrent.restype = None
+    return lib
+
+
+def problem(dtype: torch.dtype = torch.float32) -> str | None:
+    """Why the kernel cannot run here for `dtype` (no compiler, a failed build), or None: it can."""
+    if dtype not in TYPES:
+        return f"the C kernel takes float32 or float64, not {dtype}"
+    lib = _library(dtype)
+    return lib if isinstance(lib, str) else None
+
+
+def kda_recurrent_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         S: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kda_recurrent` by the C loop -> (o [B,T,H,V], final state [B,H,K,V]), both in S's dtype.
+
+    q, k, g [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; S [B,H,K,V] the initial state (not written); CPU tensors, and
+    no gradient wanted (under torch.no_grad, or none of them requires one). They are brought to S's dtype (float32
+    or float64) and made contiguous. Raises RuntimeError when `problem(S.dtype)` is not None.
+    """
+    lib = _library(S.dtype)
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    tensors = (q, k, v, g, beta, S)
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if wants_grad or any(t.device.type != "cpu" for t in tensors):
+        raise ValueError("kda_recurrent_native: takes CPU tensors and no gradient (it has no backward); "
+                         "use kda_chunked where one is needed.")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    q, k, v, beta = (t.to(S.dtype).contiguous() for t in (q, k, v, beta))
+    alpha = g.to(S.dtype).exp()                   # e^g for every token at once: one vectorised pass, not K calls of exp
+    state = S.to(copy=True, memory_format=torch.contiguous_format).reshape(B, H, K, V)
+    o = q.new_empty(B, T, H, V)
+    lib.kda_recurrent(B, T, H, K, V, *(t.data_ptr() for t in (q, k, v, alpha, beta)), scale,
+                      state.data_ptr(), o.data_ptr())
+    return o, state
