@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from op_floor import RecordedOp, replay_floor  # noqa: E402
 from provenance import provenance_line  # noqa: E402
-from tiny_k3 import compiled  # noqa: E402
+from tiny_k3 import compiled, native  # noqa: E402
 from tiny_k3.data import corpus_rows  # noqa: E402
 from tiny_k3.model import TinyK3  # noqa: E402
 from tiny_k3.train import CURRICULUM, adamw, train_step  # noqa: E402
@@ -125,6 +125,9 @@ def main() -> None:
               f"{share['compiled']:>6.1f}%", flush=True)
     fell_back = {name: op.failed for name, op in compiled.ops().items() if op.failed}
     print(f"compiled ops: {', '.join(compiled.ops())}; eager instead: {fell_back or 'none'}")
+    kernels = {name: native.problem(torch.float32, name) for name in native.SOURCES}
+    print("C kernels (tiny_k3/native.py): " + ", ".join(f"{native.SOURCES[n].name} {p or 'built'}"
+                                                       for n, p in kernels.items()))
     print(provenance_line())   # the load again, after the run
 
 

@@ -155,9 +155,12 @@ def test_a_compiled_training_step_equals_an_eager_one(compiling):
     for model in (eager, fast):
         model.zero_grad(set_to_none=True)
     compiled.enable(False)
+    assert adamw(eager, 1e-3, 0.1).defaults["fused"] is None, "eager keeps torch's default AdamW"
     train_step(eager, adamw(eager, 1e-3, 0.1), rows, 1.0, True, 0)
     compiled.enable(True)
-    train_step(fast, adamw(fast, 1e-3, 0.1), rows, 1.0, True, 0)
+    optimiser = adamw(fast, 1e-3, 0.1)
+    assert optimiser.defaults["fused"] is True, "the compiled path's AdamW is torch's fused one"
+    train_step(fast, optimiser, rows, 1.0, True, 0)
     for (name, a), b in zip(fast.state_dict().items(), eager.state_dict().values()):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=name)
 

@@ -107,6 +107,8 @@ def test_refuses_inputs_that_need_gradients(build_dir):
 
 def test_other_dtypes_are_refused_with_a_reason():
     assert "float32 or float64" in native.problem(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        native.library(torch.bfloat16, "moe")
 
 
 def test_without_a_c_compiler_the_switch_falls_back_with_one_line(build_dir, compiling, monkeypatch):
@@ -130,7 +132,105 @@ def test_without_a_c_compiler_the_switch_falls_back_with_one_line(build_dir, com
 def test_a_failed_build_says_what_the_compiler_said(build_dir, monkeypatch, tmp_path):
     broken = tmp_path / "kda_native.c"
     broken.write_text("this is not C;\n")
-    monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setitem(native.SOURCES, "kda", broken)
     reason = native.problem(F64)
     assert reason is not None and "could not build kda_native.c" in reason and "\n" not in reason
     assert not list(build_dir.glob("*.so")), "nothing half-built is kept"
+
+
+# ------------------------------------------------------------------ the MoE's expert products and selection (moe_native.c)
+def _moe(dtype=F64, **changes):
+    from tiny_k3 import K3Config
+    from tiny_k3.moe import LatentMoE
+    torch.manual_seed(4)
+    return LatentMoE(K3Config.preset("small").replace(**changes), dtype=dtype)
+
+
+@needs_cc
+@pytest.mark.parametrize("token_major", [True, False])
+@pytest.mark.parametrize("widths", [{}, {"moe_intermediate": 12, "latent_dim": 20}],   # small's 8, 16: runs of 8
+                         ids=["small", "runs-and-tails"])                             # only; 12, 20: tails too
+def test_c_expert_products_equal_mix_experts_outputs_and_every_gradient(build_dir, token_major, widths):
+    from tiny_k3.moe_native import mix_experts_native
+    moe = _moe(**widths)
+    N, k = 40, moe.config.top_k
+    z0 = torch.randn(N, moe.config.latent_dim, dtype=F64)
+    ids = torch.randint(0, 60, (N * k,))                      # a few experts many pairs, most experts none
+    w0 = torch.rand(N * k, dtype=F64)
+    token = None if token_major else torch.randint(0, N, (N * k,))
+    found = []
+    for mix in (moe.mix_experts, lambda *a: mix_experts_native(moe, *a)):
+        z, w = z0.clone().requires_grad_(), w0.clone().requires_grad_()
+        moe.zero_grad()
+        y = mix(z, ids, w, token)
+        (y * torch.linspace(-1, 1, y.numel(), dtype=F64).view_as(y)).sum().backward()
+        found.append([y.detach(), z.grad, w.grad, moe.w1.grad.clone(), moe.w3.grad.clone(), moe.w2.grad.clone()])
+    for name, a, b in zip(["y", "dz", "dweights", "dW1", "dW3", "dW2"], *found):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=name)
+    assert found[0][3].abs().sum() > 0, "the gradients compared are not all zero"
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_c_selection_is_topk_exactly_ties_and_nan_included(build_dir, dtype):
+    from tiny_k3.moe_native import top_k_ids_native
+    torch.manual_seed(5)
+    scores = torch.rand(64, 96, dtype=dtype)
+    scores[1] = 0.5                                             # a row of ties
+    scores[2, 7] = float("nan")
+    scores[3] = float("-inf")
+    scores[4, :20] = scores[4].max()                            # ties at the top
+    scores[10:20] *= torch.linspace(1.0, 0.01, 10, dtype=dtype).unsqueeze(1) * 0.001   # each row below the last's floor
+    bias = torch.randn(96, dtype=dtype) * 0.01
+    for k in (1, 2, 16, 95, 96):
+        want = (scores + bias).topk(k, dim=-1, sorted=True).indices
+        assert torch.equal(top_k_ids_native(scores, bias, k), want), k
+
+
+@needs_cc
+def test_compiled_switch_routes_and_mixes_in_c_and_equals_eager(build_dir, compiling, monkeypatch):
+    from tiny_k3 import moe_native
+    moe = _moe()
+    x = torch.randn(2, 24, moe.config.hidden_size, dtype=F64)
+    calls = []
+    for name in ("mix_experts_native", "top_k_ids_native"):
+        real = getattr(moe_native, name)
+        monkeypatch.setattr(moe_native, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    found = []
+    for on in (True, False):
+        compiled.enable(on)
+        xx = x.clone().requires_grad_()
+        moe.zero_grad()
+        y = moe(xx)
+        y.pow(2).sum().backward()
+        found.append([y.detach(), xx.grad, moe.router.weight.grad.clone(), moe.w1.grad.clone()])
+    assert calls == ["top_k_ids_native", "mix_experts_native"], calls
+    for a, b in zip(*found):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+def test_without_a_c_compiler_the_moe_falls_back_with_one_line(build_dir, compiling, monkeypatch):
+    monkeypatch.setattr(native, "c_compiler", lambda: None)   # (PATH kept: inductor's C++ compiler is another matter)
+    compiled._warned.discard("the MoE's expert products (C)")
+    moe = _moe()
+    x = torch.randn(1, 10, moe.config.hidden_size, dtype=F64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = moe(x.requires_grad_())
+    lines = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert lines == ["tiny_k3: the MoE's expert products (C) runs eager, not compiled: no C compiler found "
+                     "($CC, cc, gcc or clang)"], lines
+    compiled.enable(False)
+    torch.testing.assert_close(y, moe(x), atol=TOL, rtol=0)
+
+
+@needs_cc
+def test_expert_order_is_a_stable_argsort_and_refuses_ids_out_of_range(build_dir):
+    from tiny_k3.moe_native import expert_order
+    ids = torch.randint(0, 12, (300,))
+    order, starts = expert_order(ids, 15)                       # experts 12-14 get no pair
+    assert torch.equal(order, torch.argsort(ids, stable=True))
+    assert torch.equal(starts, torch.cat([torch.zeros(1, dtype=torch.long),
+                                          torch.bincount(ids, minlength=15).cumsum(0)]))
+    with pytest.raises(ValueError, match="expert ids must lie in 0..14"):
+        expert_order(torch.tensor([0, 15]), 15)

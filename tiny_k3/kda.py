@@ -68,6 +68,31 @@ def kda_gate(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
 _GATE = compiled.op("kda_gate", kda_gate, dynamic=True)   # compiled where TINY_K3_COMPILE asks (tiny_k3/compiled.py)
 
 
+def heads_after_conv(mixed: torch.Tensor, H: int, K: int, V: int, fp: torch.dtype):
+    """The short conv's output q|k|v [B, T, 2HK + HV] -> (q, k [B, T, H, K], v [B, T, H, V]): SiLU, then the L2 norm
+    per head of q and k, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in `fp`; q and k side by side as
+    2H heads, one pass for both."""
+    B, T, _ = mixed.shape
+    qk, v = _as(F.silu(mixed), fp).split([2 * H * K, H * V], -1)
+    qk = qk.reshape(B, T, 2 * H, K)
+    qk = qk * torch.rsqrt(qk.pow(2).sum(-1, keepdim=True).add_(1e-6))     # (a Python number: torch.compile folds it)
+    return qk[:, :, :H], qk[:, :, H:], v.reshape(B, T, H, V)
+
+
+def conv_heads(projected: torch.Tensor, weight: torch.Tensor, H: int, K: int, V: int, fp: torch.dtype):
+    """`causal_conv` from no tail, then `heads_after_conv`, as one function for torch.compile: the conv written as
+    its W shifted products (y_t = sum_w weight[:, 0, w] x_{t-W+1+w}, tiny_k3/shortconv.py), which inductor fuses
+    with the SiLU and the norm, forward and backward (nn.Conv1d's depthwise backward on the CPU is slow).
+    projected [B, T, C], weight [C, 1, W] -> (q, k, v, the conv tail [B, W-1, C])."""
+    T, W = projected.shape[1], weight.shape[-1]
+    full = F.pad(projected, (0, 0, W - 1, 0))                                   # zeros before the first token
+    mixed = sum(full[:, w:w + T] * weight[:, 0, w] for w in range(W))
+    return (*heads_after_conv(mixed, H, K, V, fp), full[:, T:])
+
+
+_CONV_HEADS = compiled.op("kda_conv", conv_heads)   # the training path's conv, SiLU and norm, when compiled
+
+
 # ---------------------------------------------------------------------------- recurrent form
 def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
                   scale: float | None = None, initial_state: torch.Tensor | None = None,
@@ -263,14 +288,12 @@ class KDALayer(nn.Module):
         fp = compute_dtype(x)  # q,k,v after the conv, gates, state, output norm: float32 (float64 for float64 x)
 
         projected, gate_low_rank, beta_logit, *out_gate = self._in_proj(x)   # q|k|v, f_a x, b x (, g x): one matmul
-        mixed, conv_tail = self._short_conv(projected, cache)
-        qk, v = _as(F.silu(mixed), fp).split([2 * H * K, H * V], -1)
-        # L2 norm per head, x / sqrt(sum x^2 + 1e-6) (fla's use_qk_l2norm_in_kernel), in float32: q and k
-        # side by side as 2H heads, one pass for both.
-        qk = qk.reshape(B, T, 2 * H, K)
-        qk = qk * torch.rsqrt(qk.pow(2).sum(-1, keepdim=True) + constant(1e-6, qk))
-        q, k = qk[:, :, :H], qk[:, :, H:]
-        v = v.reshape(B, T, H, V)
+        if compiled.enabled() and cache is None and autograd_needed([projected, *self._conv_weight.parts()]):
+            conv_weight = torch.cat(self._conv_weight.parts(), 0)             # training: one fused op (below)
+            q, k, v, conv_tail = _CONV_HEADS(projected, conv_weight, H, K, V, fp)
+        else:
+            mixed, conv_tail = self._short_conv(projected, cache)
+            q, k, v = heads_after_conv(mixed, H, K, V, fp)
         g = self.decay_gate(gate_low_rank).view(B, T, H, K)
         if hooks is not None:
             g = hooks.scale_decay(layer, g)

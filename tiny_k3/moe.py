@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import compiled, moe_native
 from .config import K3Config
 from .fused import autograd_needed, constant, scratch_buffer
 from .moe_fast import FastPaths
@@ -91,7 +92,10 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta_gate: float = 4.0, beta_
     A soft-capped SwiGLU: beta*tanh(x/beta) ~ x for |x| << beta, so for small inputs h ~ silu(g) * u,
     while for large ones the gate stays below beta_gate and the up branch below beta_up in magnitude.
     """
-    g, u, scale = constant(beta_gate, gate), constant(beta_up, up), constant(beta_gate * beta_up, gate)
+    if torch.compiler.is_compiling():      # plain numbers: torch.compile folds them (and cannot trace the cache)
+        g, u, scale = beta_gate, beta_up, beta_gate * beta_up
+    else:                                  # eager: tensor constants, no scalar wrapped per op
+        g, u, scale = constant(beta_gate, gate), constant(beta_up, up), constant(beta_gate * beta_up, gate)
     return torch.tanh(gate / g) * torch.sigmoid(gate) * torch.tanh(up / u) * scale
 
 
@@ -104,10 +108,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def glu(gate: torch.Tensor, up: torch.Tensor, config: K3Config) -> torch.Tensor:
-    """The gated activation `config.mlp_act` names: "situ" (K3's SiTU-GLU) or "swiglu" (K2, Kimi Linear)."""
+    """The gated activation `config.mlp_act` names: "situ" (K3's SiTU-GLU) or "swiglu" (K2, Kimi Linear).
+
+    While training on the compiled path (tiny_k3/compiled.py) SiTU-GLU runs as one compiled op: its seven
+    element-wise passes, and their backward, fused."""
     if config.mlp_act == "swiglu":
         return swiglu(gate, up)
+    if compiled.enabled() and autograd_needed((gate, up)):
+        return _SITU_GLU(gate, up, config.situ_beta_gate, config.situ_beta_up)
     return situ_glu(gate, up, config.situ_beta_gate, config.situ_beta_up)
+
+
+_SITU_GLU = compiled.op("situ_glu", situ_glu)
 
 
 class GatedMLP(nn.Module):
@@ -197,6 +209,8 @@ class Router(nn.Module):
             scores = F.linear(x, weight).sigmoid_()                      # [..., E], no autograd history
             if hooks is not None and hooks.changes_routing(layer):
                 ids = hooks.route(layer, scores, self).expert_ids
+            elif compiled.enabled() and moe_native.available(scores) is None:   # the compiled path: one C pass
+                ids = moe_native.top_k_ids_native(scores, self.bias, self.top_k)
             else:   # s + b in a reused buffer: it only selects (a fresh [N, E] costs its page faults)
                 biased = torch.add(scores, self.bias, out=scratch_buffer("router biased", scores.shape, scores))
                 ids = top_k_ids(biased, self.top_k)
@@ -318,6 +332,10 @@ class LatentMoE(nn.Module):
         (n_tokens, l), n_pairs = z.shape, ids.numel()
         if n_pairs == 0:
             return z.new_zeros(n_tokens, l)
+        if compiled.enabled() and (problem := moe_native.available(z)) is None:   # the opt-in compiled path
+            return moe_native.mix_experts_native(self, z, ids, weights, token)
+        if compiled.enabled():
+            compiled.fall_back("the MoE's expert products (C)", problem)
         if self.fast.choose("pairs", token_major=token is None, pairs=n_pairs) == "gathered":
             return self.fast.mix_gathered(z, ids, weights)
         counts = torch.bincount(ids, minlength=self.w1.shape[0])                     # [E]

@@ -1,13 +1,15 @@
-"""KDA's recurrence as a C loop (tiny_k3/kda_native.c), built with the system C compiler and called through ctypes.
+"""The project's C kernels, built with the system C compiler and called through ctypes; and KDA's recurrence in C.
 
-Part of the opt-in compiled path (tiny_k3/compiled.py): with TINY_K3_COMPILE=1, `kda_chunked_compiled` runs this
-kernel where no gradient is needed on the CPU (prefill, the TUI's steps, the benches). The build takes about a
-second, once per machine: the library is kept under $TINY_K3_NATIVE_DIR (default ~/.cache/tiny_k3/native), named
-by a hash of the source, the compiler and the CPU, so a changed file or another machine builds afresh. Where no C
-compiler is found or the build fails, `problem()` says why and the caller runs eager (one line, never a crash).
+Two sources, both part of the opt-in compiled path (tiny_k3/compiled.py):
+- `kda_native.c`: KDA's recurrence, which `kda_chunked_compiled` runs where no gradient is needed on the CPU
+  (prefill, the TUI's steps, the benches). It equals `kda.kda_recurrent` to float rounding (tests/test_native.py);
+  it has no backward, so a call whose inputs need gradients is refused here.
+- `moe_native.c`: the latent MoE's expert products, forward and backward (wrapped by tiny_k3/moe_native.py).
 
-The kernel equals `kda.kda_recurrent` to float rounding (tests/test_native.py, float64); it has no backward, so a
-call whose inputs need gradients is refused here and the caller takes a path with autograd.
+A build takes about a tenth of a second, once per machine: the library is kept under $TINY_K3_NATIVE_DIR (default
+~/.cache/tiny_k3/native), named by a hash of the source, the compiler and the CPU, so a changed file or another
+machine builds afresh. Where no C compiler is found or the build fails, `problem()` says why and the caller runs
+eager (one line, never a crash).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("kda_native.c")
+SOURCES = {"kda": Path(__file__).with_name("kda_native.c"), "moe": Path(__file__).with_name("moe_native.c")}
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99")   # (gnu99: vector types)
 TYPES = {torch.float32: "float", torch.float64: "double"}   # one library per element type: its REAL
 
@@ -55,46 +57,70 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
+def _signatures(lib: ctypes.CDLL, name: str, real) -> None:
+    """Declare each C function's argument types (ctypes passes them unchecked otherwise)."""
+    long, ptr = ctypes.c_long, ctypes.c_void_p
+    if name == "kda":
+        lib.kda_recurrent.argtypes = [long] * 5 + [ptr] * 5 + [real] + [ptr] * 2
+        lib.kda_recurrent.restype = None
+        return
+    lib.experts_in.argtypes = [long] * 3 + [ptr] * 7
+    lib.experts_in_backward.argtypes = [long] * 3 + [ptr] * 10
+    lib.experts_out.argtypes = [long] * 3 + [ptr] * 6
+    lib.experts_out_backward.argtypes = [long] * 3 + [ptr] * 10
+    lib.top_k_rows.argtypes = [long] * 3 + [ptr] * 8
+    lib.order_by_expert.argtypes = [long] * 2 + [ptr] * 3
+    for fn in (lib.experts_in, lib.experts_in_backward, lib.experts_out, lib.experts_out_backward, lib.top_k_rows,
+               lib.order_by_expert):
+        fn.restype = None
+
+
 @functools.lru_cache(maxsize=None)
-def _library(dtype: torch.dtype) -> ctypes.CDLL | str:
-    """The kernel for `dtype`, built on first use; or a one-line reason why it cannot be had here."""
+def _library(dtype: torch.dtype, name: str = "kda") -> ctypes.CDLL | str:
+    """The kernels of SOURCES[name] for `dtype`, built on first use; or a one-line reason why they cannot be had."""
     cc = c_compiler()
     if cc is None:
         return "no C compiler found ($CC, cc, gcc or clang)"
-    real = TYPES[dtype]
+    source, real = SOURCES[name], TYPES[dtype]
     defines = (f"-DREAL={real}",)
-    key = hashlib.sha256(b"\0".join(x.encode() for x in (SOURCE.read_text(), cc, *FLAGS, *defines,
-                                                          platform.machine(), _cpu_name()))).hexdigest()[:16]
-    path = build_dir() / f"kda_native_{real}_{key}.so"
+    key = hashlib.sha256(b"\0".join(x.encode() for x in (source.read_text(), cc, *FLAGS, *defines,
+                                                           platform.machine(), _cpu_name()))).hexdigest()[:16]
+    path = build_dir() / f"{source.stem}_{real}_{key}.so"
     if not path.exists():
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:   # build aside, then move in at once
                 built = Path(tmp) / path.name
-                run = subprocess.run([cc, *FLAGS, *defines, str(SOURCE), "-o", str(built)],
+                run = subprocess.run([cc, *FLAGS, *defines, str(source), "-o", str(built)],
                                      capture_output=True, text=True, timeout=120)
                 if run.returncode != 0:
                     first = (run.stderr.strip().splitlines() or ["no message"])[0]
-                    return f"{Path(cc).name} could not build {SOURCE.name}: {first}"[:300]
+                    return f"{Path(cc).name} could not build {source.name}: {first}"[:300]
                 os.replace(built, path)
         except (OSError, subprocess.SubprocessError) as exc:
-            return f"could not build {SOURCE.name} in {path.parent}: {exc}"[:300]
+            return f"could not build {source.name} in {path.parent}: {exc}"[:300]
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         return f"could not load {path}: {exc}"[:300]
-    c_real = ctypes.c_float if dtype == torch.float32 else ctypes.c_double
-    lib.kda_recurrent.argtypes = [ctypes.c_long] * 5 + [ctypes.c_void_p] * 5 + [c_real] + [ctypes.c_void_p] * 2
-    lib.kda_recurrent.restype = None
+    _signatures(lib, name, ctypes.c_float if dtype == torch.float32 else ctypes.c_double)
     return lib
 
 
-def problem(dtype: torch.dtype = torch.float32) -> str | None:
-    """Why the kernel cannot run here for `dtype` (no compiler, a failed build), or None: it can."""
+def problem(dtype: torch.dtype = torch.float32, name: str = "kda") -> str | None:
+    """Why the kernels of SOURCES[name] cannot run here for `dtype` (no compiler, a failed build), or None."""
     if dtype not in TYPES:
-        return f"the C kernel takes float32 or float64, not {dtype}"
-    lib = _library(dtype)
+        return f"the C kernels take float32 or float64, not {dtype}"
+    lib = _library(dtype, name)
     return lib if isinstance(lib, str) else None
+
+
+def library(dtype: torch.dtype, name: str) -> ctypes.CDLL:
+    """The built kernels of SOURCES[name] for `dtype`; RuntimeError (the reason) where `problem` is not None."""
+    lib = _library(dtype, name) if dtype in TYPES else problem(dtype, name)
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    return lib
 
 
 def kda_recurrent_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -105,9 +131,7 @@ def kda_recurrent_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     no gradient wanted (under torch.no_grad, or none of them requires one). They are brought to S's dtype (float32
     or float64) and made contiguous. Raises RuntimeError when `problem(S.dtype)` is not None.
     """
-    lib = _library(S.dtype)
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
+    lib = library(S.dtype, "kda")
     tensors = (q, k, v, g, beta, S)
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if wants_grad or any(t.device.type != "cpu" for t in tensors):
