@@ -6,7 +6,9 @@
 2. Expert specialisation: mutual information I(class; expert) in bits between a token's class (digit,
    operator, letter, bracket, space) and each expert it is routed to, per MoE layer, trained vs fresh;
    and the load balance: coefficient of variation (std / mean) of the tokens per expert, with the bias
-   updates and without them: two short runs trained here with the same seed, steps and data.
+   updates and without them: two short runs trained here with the same seed, steps and data. Then the load CV
+   of each shipped model on three texts (the held-out text, the shipped recipe's last stage, recall lines alone),
+   and with `--small-from COMMIT ...` of the `small` checkpoints those commits shipped (read with git show).
 3. Recall: "a=3; q=8; <filler> | q=8; a=3;" (tiny_k3.recall, teacher forced, chance 10 %): exact recall of
    2 pairs per distance for the three shipped models and fresh weights (bench_recall.py has the full tables).
 4. Attention Residuals (block) vs the standard residual: held-out loss curves of short runs trained here
@@ -18,10 +20,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import pathlib
 import re
+import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -31,7 +36,10 @@ from tiny_k3 import K3Config, TinyK3  # noqa: E402
 from tiny_k3.corpus import CLASSES, token_class  # noqa: E402
 from tiny_k3.recall import make_probes, recall_accuracy  # noqa: E402
 from tiny_k3.probe import Event, MoEEvent, Recorder  # noqa: E402
+from tiny_k3.data import Stage  # noqa: E402
+from tiny_k3.recipes import CURRICULUM  # noqa: E402
 from tiny_k3.train import EVAL_SEED, corpus_rows, evaluate, train  # noqa: E402
+from tiny_k3.weights import stored_config  # noqa: E402
 from provenance import provenance_line  # noqa: E402
 
 KEPT_CLASSES = [CLASSES.index(c) for c in ("digit", "operator", "letter", "bracket", "space")]
@@ -81,6 +89,32 @@ def load_cv(ids: torch.Tensor, num_experts: int) -> float:
     return float(load.std(unbiased=False) / load.mean())
 
 
+def small_at(commit: str) -> TinyK3:
+    """The `small` checkpoint a commit shipped (git show COMMIT:tiny_k3/weights/small.safetensors), in its own config."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    blob = subprocess.run(["git", "show", f"{commit}:tiny_k3/weights/small.safetensors"], capture_output=True,
+                          check=True, cwd=pathlib.Path(__file__).resolve().parents[1]).stdout
+    with tempfile.NamedTemporaryFile(suffix=".safetensors") as f:
+        f.write(blob)
+        f.flush()
+        with safe_open(f.name, framework="pt") as handle:
+            config = stored_config(handle.metadata() or {})
+        model = TinyK3(config)
+        model.load_state_dict({k: v.float() for k, v in load_file(f.name).items()})
+    return model.eval()
+
+
+def load_by_text(models: dict[str, TinyK3], texts: dict[str, torch.Tensor]) -> None:
+    """Print each model's load CV (its mean over the MoE layers) on each text."""
+    print("   " + f"{'model':<26}" + "".join(f"{name:>20}" for name in texts))
+    for name, model in models.items():
+        E = model.config.num_experts
+        cvs = [sum(cv := [load_cv(t, E) for t in routing(model, rows).values()]) / len(cv) for rows in texts.values()]
+        print(f"   {name:<26}" + "".join(f"{c:>20.2f}" for c in cvs))
+
+
 def short_run(config: K3Config, steps: int, **kw):
     return train(config, steps, 0, eval_every=max(1, steps // 4), progress=False, log=lambda msg: None, **kw)
 
@@ -100,6 +134,8 @@ def main() -> None:
     parser.add_argument("--ablation-steps", type=int, default=200, help="steps of each short ablation run (0: skip)")
     parser.add_argument("--runs", default="bench/results", help="folder with logs/*.log or *.log of full-schedule runs")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--small-from", nargs="*", default=[], metavar="COMMIT",
+                        help="also the small checkpoints these commits shipped, in the load-by-text table")
     args = parser.parse_args()
     print(provenance_line())
     torch.set_num_threads(args.threads)
@@ -137,6 +173,13 @@ def main() -> None:
     print("   layer" + "".join(f"{'CV ' + k:>17}" for k in traces))
     for layer in traces["shipped"]:
         print(f"   {layer:>5}" + "".join(f"{load_cv(t[layer], E):>17.3f}" for t in traces.values()))
+    texts = {"held-out text": tokens,
+             "last stage's lines": corpus_rows(args.rows, 256, EVAL_SEED,
+                                               dataclasses.replace(CURRICULUM[-1], seq_len=256)).tokens,
+             "recall lines alone": corpus_rows(args.rows, 256, EVAL_SEED,
+                                               Stage(recall_share=1.0, max_filler=16, max_pairs=16)).tokens}
+    print("   load CV by text (mean over the MoE layers): the bias balances the load of the rows a model trains on")
+    load_by_text({**shipped, **{f"small at {c}": small_at(c) for c in args.small_from}}, texts)
     best = max(traces["shipped"], key=lambda l: mutual_information(classes, traces["shipped"][l], E))
     ids = traces["shipped"][best]
     print(f"   shipped layer {best}: each class's favourite expert, the share of that class's tokens that pick it"
