@@ -90,7 +90,8 @@ def load_cv(ids: torch.Tensor, num_experts: int) -> float:
 
 
 def small_at(commit: str) -> TinyK3:
-    """The `small` checkpoint a commit shipped (git show COMMIT:tiny_k3/weights/small.safetensors), in its own config."""
+    """The `small` checkpoint a commit shipped (git show COMMIT:tiny_k3/weights/small.safetensors), in its own
+    config."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 

@@ -138,7 +138,7 @@ def test_a_failed_build_says_what_the_compiler_said(build_dir, monkeypatch, tmp_
     assert not list(build_dir.glob("*.so")), "nothing half-built is kept"
 
 
-# ------------------------------------------------------------------ the MoE's expert products and selection (moe_native.c)
+# --------------------------------------------------------- the MoE's expert products and selection (moe_native.c)
 def _moe(dtype=F64, **changes):
     from tiny_k3 import K3Config
     from tiny_k3.moe import LatentMoE
