@@ -188,10 +188,15 @@ def print_compiled(lengths, rounds: int, device: str, sync, fla_ms: dict) -> Non
     folder), and the inductor kernel `kda_factored` that training uses (with autograd; compile s: its first call at
     that length, in this process's inductor cache)."""
     compiled.enable(True)
-    os.environ["TINY_K3_NATIVE_DIR"] = tempfile.mkdtemp(prefix="tiny_k3_native_")
-    start = time.perf_counter()
-    problem = native.problem(torch.float32)
-    build_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="tiny_k3_native_") as fresh:   # a cold build (the loaded library stays)
+        before, os.environ["TINY_K3_NATIVE_DIR"] = os.environ.get("TINY_K3_NATIVE_DIR"), fresh
+        start = time.perf_counter()
+        problem = native.problem(torch.float32)
+        build_s = time.perf_counter() - start
+        if before is None:
+            del os.environ["TINY_K3_NATIVE_DIR"]
+        else:
+            os.environ["TINY_K3_NATIVE_DIR"] = before
     if problem is not None or device != "cpu":
         print(f"(the C recurrence does not run here: {problem or 'it is for the CPU'})")
     else:

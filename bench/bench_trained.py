@@ -112,7 +112,10 @@ def load_by_text(models: dict[str, TinyK3], texts: dict[str, torch.Tensor]) -> N
     print("   " + f"{'model':<26}" + "".join(f"{name:>20}" for name in texts))
     for name, model in models.items():
         E = model.config.num_experts
-        cvs = [sum(cv := [load_cv(t, E) for t in routing(model, rows).values()]) / len(cv) for rows in texts.values()]
+        cvs = []
+        for rows in texts.values():
+            per_layer = [load_cv(ids, E) for ids in routing(model, rows).values()]
+            cvs.append(sum(per_layer) / len(per_layer))
         print(f"   {name:<26}" + "".join(f"{c:>20.2f}" for c in cvs))
 
 

@@ -15,6 +15,7 @@
  * that way: every inner loop runs along contiguous numbers); g, u, h [P, m] in pair (expert) order; w [P];
  * y [N, l]. Gradients are accumulated into zeroed outputs the caller passes.
  */
+#include <stdint.h>   /* index arrays are int64_t: torch.long, whatever the size of a C long */
 #include <string.h>
 
 #ifndef REAL
@@ -23,7 +24,7 @@
 
 /* The pairs in expert order, stably (a counting sort: one pass to count, one to place): order [P] lists the pairs of
  * expert 0, then of expert 1, ...; starts [E + 1] marks where each expert's run begins. */
-void order_by_expert(long P, long E, const long *restrict ids, long *restrict starts, long *restrict order)
+void order_by_expert(long P, long E, const int64_t *restrict ids, int64_t *restrict starts, int64_t *restrict order)
 {
     for (long e = 0; e <= E; e++)
         starts[e] = 0;
@@ -47,7 +48,7 @@ static inline REAL sum8(vec8 x) { REAL s = 0; for (int j = 0; j < 8; j++) s += x
 
 /* g_p = W1_e z_token[p], u_p = W3_e z_token[p] for every pair. The weights come transposed, W1t, W3t [E, l, m], so
  * that both products are sums of rows, g_p = sum_c z_c W1t[c, :]. */
-void experts_in(long E, long m, long l, const long *restrict starts, const long *restrict token,
+void experts_in(long E, long m, long l, const int64_t *restrict starts, const int64_t *restrict token,
                 const REAL *restrict z, const REAL *restrict W1t, const REAL *restrict W3t,
                 REAL *restrict g, REAL *restrict u)
 {
@@ -80,7 +81,7 @@ void experts_in(long E, long m, long l, const long *restrict starts, const long 
 
 /* Backward of experts_in: dz[token] += W1_e^T dg_p + W3_e^T du_p;  dW1_e += dg_p z^T;  dW3_e += du_p z^T
  * (W1, W3 as stored, [E, m, l]: each sum runs along their rows). */
-void experts_in_backward(long E, long m, long l, const long *restrict starts, const long *restrict token,
+void experts_in_backward(long E, long m, long l, const int64_t *restrict starts, const int64_t *restrict token,
                          const REAL *restrict z, const REAL *restrict W1, const REAL *restrict W3,
                          const REAL *restrict dg, const REAL *restrict du,
                          REAL *restrict dz, REAL *restrict dW1, REAL *restrict dW3)
@@ -113,7 +114,7 @@ void experts_in_backward(long E, long m, long l, const long *restrict starts, co
 
 /* y[token[p]] += w_p W2_e h_p for every pair (y zeroed by the caller); W2t [E, m, l] is W2 transposed, so the
  * product is a sum of rows, W2_e h_p = sum_i h_p,i W2t[i, :]. */
-void experts_out(long E, long m, long l, const long *restrict starts, const long *restrict token,
+void experts_out(long E, long m, long l, const int64_t *restrict starts, const int64_t *restrict token,
                  const REAL *restrict h, const REAL *restrict W2t, const REAL *restrict w, REAL *restrict y)
 {
     for (long e = 0; e < E; e++) {
@@ -141,7 +142,7 @@ void experts_out(long E, long m, long l, const long *restrict starts, const long
 /* Backward of experts_out, with dy_p = dy[token[p]] and o_p = W2_e h_p (W2 [E, l, m] and W2t [E, m, l] both given,
  * each read along its rows):
  *     dw_p = dy_p . o_p,   dh_p = w_p W2_e^T dy_p = sum_c w_p dy_p,c W2_e[c, :],   dW2_e[c, :] += w_p dy_p,c h_p. */
-void experts_out_backward(long E, long m, long l, const long *restrict starts, const long *restrict token,
+void experts_out_backward(long E, long m, long l, const int64_t *restrict starts, const int64_t *restrict token,
                           const REAL *restrict h, const REAL *restrict W2, const REAL *restrict W2t,
                           const REAL *restrict w, const REAL *restrict dy, REAL *restrict dh, REAL *restrict dW2,
                           REAL *restrict dw)
@@ -198,7 +199,7 @@ void experts_out_backward(long E, long m, long l, const long *restrict starts, c
  * those rows to topk itself. Scratch: `kept`, `kept_ids` of k + 1 numbers, `cand`, `cand_ids` of E. */
 #define SCAN 16
 static long candidates(long E, const REAL *restrict row, const REAL *restrict bias, REAL floor,
-                       REAL *restrict cand, long *restrict cand_ids, int *restrict has_nan)
+                       REAL *restrict cand, int64_t *restrict cand_ids, int *restrict has_nan)
 {
     long count = 0;
     int nan = 0;
@@ -223,8 +224,8 @@ static long candidates(long E, const REAL *restrict row, const REAL *restrict bi
     return count;
 }
 
-static void keep_largest(long k, long count, const REAL *restrict cand, const long *restrict cand_ids,
-                         REAL *restrict kept, long *restrict kept_ids)
+static void keep_largest(long k, long count, const REAL *restrict cand, const int64_t *restrict cand_ids,
+                         REAL *restrict kept, int64_t *restrict kept_ids)
 {
     for (long j = 0; j <= k; j++) {
         kept[j] = -__builtin_inf();
@@ -245,9 +246,9 @@ static void keep_largest(long k, long count, const REAL *restrict cand, const lo
     }
 }
 
-void top_k_rows(long N, long E, long k, const REAL *restrict scores, const REAL *restrict bias, long *restrict ids,
-                unsigned char *restrict redo, REAL *restrict kept, long *restrict kept_ids, REAL *restrict cand,
-                long *restrict cand_ids)
+void top_k_rows(long N, long E, long k, const REAL *restrict scores, const REAL *restrict bias, int64_t *restrict ids,
+                unsigned char *restrict redo, REAL *restrict kept, int64_t *restrict kept_ids, REAL *restrict cand,
+                int64_t *restrict cand_ids)
 {
     REAL floor = -__builtin_inf();
     for (long n = 0; n < N; n++) {

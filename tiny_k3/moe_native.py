@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import native
+from .native import pointers
 
 
 def expert_order(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,13 +29,8 @@ def expert_order(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, tor
     if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < num_experts):   # the C writes by these ids
         raise ValueError(f"expert ids must lie in 0..{num_experts - 1}, got {int(ids.min())}..{int(ids.max())}.")
     order, starts = torch.empty_like(ids), torch.empty(num_experts + 1, dtype=torch.long)
-    native.library(torch.float32, "moe").order_by_expert(ids.numel(), num_experts, *_pointers(ids, starts, order))
+    native.library(torch.float32, "moe").order_by_expert(ids.numel(), num_experts, *pointers(ids, starts, order))
     return order, starts
-
-
-def _pointers(*tensors: torch.Tensor) -> list[int]:
-    """The tensors' data addresses, for ctypes. The caller must hold every tensor until the C call returns."""
-    return [t.data_ptr() for t in tensors]
 
 
 class ExpertsIn(torch.autograd.Function):
@@ -47,7 +43,7 @@ class ExpertsIn(torch.autograd.Function):
         z, w1, w3 = z.contiguous(), w1.contiguous(), w3.contiguous()
         g, u = z.new_empty(token.numel(), m), z.new_empty(token.numel(), m)
         w1t, w3t = w1.transpose(1, 2).contiguous(), w3.transpose(1, 2).contiguous()     # [E, l, m]: see the C
-        native.library(z.dtype, "moe").experts_in(E, m, l, *_pointers(starts, token, z, w1t, w3t, g, u))
+        native.library(z.dtype, "moe").experts_in(E, m, l, *pointers(starts, token, z, w1t, w3t, g, u))
         ctx.save_for_backward(z, w1, w3, token, starts)
         return g, u
 
@@ -56,10 +52,9 @@ class ExpertsIn(torch.autograd.Function):
     def backward(ctx, dg, du):
         z, w1, w3, token, starts = ctx.saved_tensors
         E, m, l = w1.shape
-        dg = torch.zeros_like(dg, memory_format=torch.contiguous_format) if dg is None else dg.contiguous()
-        du = torch.zeros_like(dg) if du is None else du.contiguous()
+        dg, du = dg.contiguous(), du.contiguous()     # (autograd gives zeros, not None, for an unused output)
         dz, dw1, dw3 = torch.zeros_like(z), torch.zeros_like(w1), torch.zeros_like(w3)
-        native.library(z.dtype, "moe").experts_in_backward(E, m, l, *_pointers(starts, token, z, w1, w3, dg, du,
+        native.library(z.dtype, "moe").experts_in_backward(E, m, l, *pointers(starts, token, z, w1, w3, dg, du,
                                                                                 dz, dw1, dw3))
         return dz, dw1, dw3, None, None
 
@@ -73,7 +68,7 @@ class ExpertsOut(torch.autograd.Function):
         E, l, m = w2.shape
         h, w2, w = h.contiguous(), w2.contiguous(), w.contiguous()
         y, w2t = h.new_zeros(n_tokens, l), w2.transpose(1, 2).contiguous()               # [E, m, l]: see the C
-        native.library(h.dtype, "moe").experts_out(E, m, l, *_pointers(starts, token, h, w2t, w, y))
+        native.library(h.dtype, "moe").experts_out(E, m, l, *pointers(starts, token, h, w2t, w, y))
         ctx.save_for_backward(h, w2, w, token, starts)
         return y
 
@@ -85,7 +80,7 @@ class ExpertsOut(torch.autograd.Function):
         dy = dy.contiguous()
         dh, dw2, dw = torch.empty_like(h), torch.zeros_like(w2), torch.empty_like(w)
         w2t = w2.transpose(1, 2).contiguous()
-        native.library(h.dtype, "moe").experts_out_backward(E, m, l, *_pointers(starts, token, h, w2, w2t, w, dy,
+        native.library(h.dtype, "moe").experts_out_backward(E, m, l, *pointers(starts, token, h, w2, w2t, w, dy,
                                                                                  dh, dw2, dw))
         return dh, dw2, dw, None, None, None
 
@@ -114,7 +109,7 @@ def top_k_ids_native(scores: torch.Tensor, bias: torch.Tensor, k: int) -> torch.
     redo = torch.empty(n, dtype=torch.uint8)
     kept, kept_ids = rows.new_empty(k + 1), torch.empty(k + 1, dtype=torch.long)        # scratch (see the C)
     cand, cand_ids = rows.new_empty(E), torch.empty(E, dtype=torch.long)
-    native.library(rows.dtype, "moe").top_k_rows(n, E, k, *_pointers(rows, bias, ids, redo, kept, kept_ids,
+    native.library(rows.dtype, "moe").top_k_rows(n, E, k, *pointers(rows, bias, ids, redo, kept, kept_ids,
                                                                       cand, cand_ids))
     if bool(redo.any()):
         again = redo.nonzero().squeeze(1)

@@ -117,10 +117,15 @@ def problem(dtype: torch.dtype = torch.float32, name: str = "kda") -> str | None
 
 def library(dtype: torch.dtype, name: str) -> ctypes.CDLL:
     """The built kernels of SOURCES[name] for `dtype`; RuntimeError (the reason) where `problem` is not None."""
-    lib = _library(dtype, name) if dtype in TYPES else problem(dtype, name)
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
-    return lib
+    reason = problem(dtype, name)
+    if reason is not None:
+        raise RuntimeError(reason)
+    return _library(dtype, name)
+
+
+def pointers(*tensors: torch.Tensor) -> list[int]:
+    """The tensors' data addresses, for ctypes. The caller must hold every tensor until the C call returns."""
+    return [t.data_ptr() for t in tensors]
 
 
 def kda_recurrent_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -131,18 +136,17 @@ def kda_recurrent_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     no gradient wanted (under torch.no_grad, or none of them requires one). They are brought to S's dtype (float32
     or float64) and made contiguous. Raises RuntimeError when `problem(S.dtype)` is not None.
     """
-    lib = library(S.dtype, "kda")
     tensors = (q, k, v, g, beta, S)
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if wants_grad or any(t.device.type != "cpu" for t in tensors):
         raise ValueError("kda_recurrent_native: takes CPU tensors and no gradient (it has no backward); "
                          "use kda_chunked where one is needed.")
+    lib = library(S.dtype, "kda")
     B, T, H, K = q.shape
     V = v.shape[-1]
     q, k, v, beta = (t.to(S.dtype).contiguous() for t in (q, k, v, beta))
     alpha = g.to(S.dtype).exp()                   # e^g for every token at once: one vectorised pass, not K calls of exp
     state = S.to(copy=True, memory_format=torch.contiguous_format).reshape(B, H, K, V)
     o = q.new_empty(B, T, H, V)
-    lib.kda_recurrent(B, T, H, K, V, *(t.data_ptr() for t in (q, k, v, alpha, beta)), scale,
-                      state.data_ptr(), o.data_ptr())
+    lib.kda_recurrent(B, T, H, K, V, *pointers(q, k, v, alpha, beta), scale, *pointers(state, o))
     return o, state
