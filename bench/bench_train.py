@@ -32,6 +32,7 @@ from op_floor import RecordedOp, replay_floor  # noqa: E402
 from provenance import provenance_line  # noqa: E402
 from tiny_k3 import compiled, native  # noqa: E402
 from tiny_k3.data import corpus_rows  # noqa: E402
+from tiny_k3.fused import keep_freed_memory  # noqa: E402
 from tiny_k3.model import TinyK3  # noqa: E402
 from tiny_k3.train import CURRICULUM, adamw, train_step  # noqa: E402
 from tiny_k3.weights import config_for  # noqa: E402
@@ -106,10 +107,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    kept = keep_freed_memory()    # as tiny_k3.train.train does, for both paths
     print(provenance_line())
     problem = compiled.compiler_problem()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rows {args.batch} x {args.seq_len} "
-          f"(CURRICULUM[0]'s kind of rows), wall clock (CPU ms beside it); compiler: {problem or 'found'}")
+          f"(CURRICULUM[0]'s kind of rows), wall clock (CPU ms beside it); compiler: {problem or 'found'}; "
+          f"freed memory kept (fused.keep_freed_memory): {kept}")
     rows = corpus_rows(args.batch, args.seq_len, 1, dataclasses.replace(CURRICULUM[0], batch=args.batch,
                                                                          seq_len=args.seq_len))
     print(f"{'preset':>11} {'eager ms':>9} {'(cpu)':>6} {'tok/s':>7} {'compiled ms':>12} {'(cpu)':>6} {'tok/s':>7} "

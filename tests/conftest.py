@@ -43,3 +43,15 @@ def compiling():
     compiled.enable(True)
     yield
     compiled.enable(before)
+
+
+@pytest.fixture
+def build_dir(tmp_path, monkeypatch):
+    """A fresh folder for the C kernels' builds (tiny_k3/native.py), and nothing remembered from earlier builds in
+    this process."""
+    from tiny_k3 import native
+
+    monkeypatch.setenv("TINY_K3_NATIVE_DIR", str(tmp_path))
+    native._library.cache_clear()
+    yield tmp_path
+    native._library.cache_clear()

@@ -56,6 +56,34 @@ def scratch_buffer(slot: str, shape: tuple[int, ...], like: torch.Tensor) -> tor
     return buffer[:numel].view(shape)
 
 
+# glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+MMAP_THRESHOLD = 32 << 20        # the largest glibc accepts on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+
+
+@functools.lru_cache(maxsize=None)
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep the memory a process frees for its next allocations, instead of handing it back to
+    the system: blocks under 32 MB come from the heap (not a fresh mmap each), and the heap is never trimmed.
+
+    Why: a training step allocates and frees hundreds of megabytes of temporaries (the router's [N, 896] scores
+    alone are 11 MB a layer), and fresh pages cost a page fault each, ~3 us per 4 KB on a VM: about a tenth of a
+    step of `small`, eager or compiled (bench/results/bench_train.txt). The price: the process keeps its peak
+    memory. `train.train_step` calls it (the first call sets it, the rest are a cached no-op); returns whether it
+    took effect (False off glibc, where it does nothing)."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all(mallopt(param, value) == 1 for param, value in ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                                                               (_M_TRIM_THRESHOLD, 2**31 - 1),
+                                                               (_M_TOP_PAD, 64 << 20)))
+
+
 def autograd_needed(tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 

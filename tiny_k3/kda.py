@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import compiled
+from . import compiled, conv_native
 from .cache import KDAState
 from .config import K3Config
 from .fused import CachedCat, CachedWeights, FusedLinears, autograd_needed, constant
@@ -289,8 +289,13 @@ class KDALayer(nn.Module):
 
         projected, gate_low_rank, beta_logit, *out_gate = self._in_proj(x)   # q|k|v, f_a x, b x (, g x): one matmul
         if compiled.enabled() and cache is None and autograd_needed([projected, *self._conv_weight.parts()]):
-            conv_weight = torch.cat(self._conv_weight.parts(), 0)             # training: one fused op (below)
-            q, k, v, conv_tail = _CONV_HEADS(projected, conv_weight, H, K, V, fp)
+            conv_weight = torch.cat(self._conv_weight.parts(), 0)             # training: one fused op (below),
+            problem = conv_native.available(projected, conv_weight, H, K, fp)   # in C where it can run
+            if problem is None:
+                q, k, v, conv_tail = conv_native.conv_heads_native(projected, conv_weight, H, K, V)
+            else:
+                compiled.fall_back("KDA's C conv (inductor's instead)", problem)
+                q, k, v, conv_tail = _CONV_HEADS(projected, conv_weight, H, K, V, fp)
         else:
             mixed, conv_tail = self._short_conv(projected, cache)
             q, k, v = heads_after_conv(mixed, H, K, V, fp)

@@ -157,6 +157,7 @@ class ChosenScores(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         chosen = scores.gather(-1, ids)
         ctx.save_for_backward(x, weight, ids, chosen)
+        ctx.in_c = compiled.enabled() and x.dtype == weight.dtype and moe_native.available(x) is None
         return chosen
 
     @staticmethod
@@ -164,6 +165,8 @@ class ChosenScores(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, weight, ids, chosen = ctx.saved_tensors
         grad_logits = grad * chosen * (1 - chosen)                                         # [N, k]
+        if ctx.in_c:                  # the compiled path: both in one C pass (moe_native.chosen_scores_backward)
+            return (*moe_native.chosen_scores_backward(ids, grad_logits, x, weight), None, None)
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
             grad_x = F.embedding_bag(ids, weight, per_sample_weights=grad_logits, mode="sum")

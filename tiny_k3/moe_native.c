@@ -187,43 +187,100 @@ void experts_out_backward(long E, long m, long l, const int64_t *restrict starts
     }
 }
 
-/* The router's selection, `topk(scores + bias, k, sorted=True).indices` of each row. Most of a row's numbers never
- * come near its k + 1 largest, so the row is scanned in blocks of 16 against a floor (one vector comparison per
- * block), and the numbers of a block holding one above the floor are copied out without a branch (each is written,
- * and the count moves on only for those above). Those few candidates are then sorted into the k + 1 largest. The
- * floor comes from the previous row (rows of one batch are alike): its (k+1)-th largest, less the spread of its k + 1
- * largest, so few numbers pass it; where fewer than k + 1 pass, the guess was too high and the row is scanned again
- * with no floor. ids [N, k] gets each row's k
- * largest, descending. redo[n] = 1 where the answer may differ from torch's topk: a tie among the k + 1 largest
- * (which of two equal numbers comes first is topk's choice) or a NaN (topk counts it as largest); the caller hands
- * those rows to topk itself. Scratch: `kept`, `kept_ids` of k + 1 numbers, `cand`, `cand_ids` of E. */
-#define SCAN 16
-static long candidates(long E, const REAL *restrict row, const REAL *restrict bias, REAL floor,
-                       REAL *restrict cand, int64_t *restrict cand_ids, int *restrict has_nan)
+/* The router's gradient at its k chosen scores (tiny_k3/moe.py `ChosenScores`): with a = dL/d(logit) [N, k] at the
+ * chosen experts ids [N, k] of the logits x W^T,
+ *     dx_n = sum_j a_nj W_{ids[n, j]}            (dx [N, D], written)
+ *     dW_e += a_nj x_n  for each ids[n, j] = e   (dW [E, D], accumulated into the zeros the caller passes)
+ * k rows of W per token instead of all E: a gather and a scatter of rows, each a contiguous run of D. */
+void chosen_scores_backward(long N, long D, long k, const int64_t *restrict ids, const REAL *restrict a,
+                            const REAL *restrict x, const REAL *restrict w, REAL *restrict dx, REAL *restrict dw)
+{
+    for (long n = 0; n < N; n++) {
+        const REAL *xn = x + n * D;
+        REAL *dxn = dx + n * D;
+        for (long c = 0; c < D; c++)
+            dxn[c] = 0;
+        for (long j = 0; j < k; j++) {
+            REAL anj = a[n * k + j];
+            const REAL *we = w + ids[n * k + j] * D;
+            REAL *dwe = dw + ids[n * k + j] * D;
+            for (long c = 0; c < D; c++) {
+                dxn[c] += anj * we[c];
+                dwe[c] += anj * xn[c];
+            }
+        }
+    }
+}
+
+/* The router's selection, `topk(scores + bias, k, sorted=True).indices` of each row. The k + 1 largest of a row's
+ * E numbers v = s + b are found among the few that reach a floor f, and the floor is checked, not trusted:
+ *   1. v and a count of the numbers >= f, in one vectorised pass. Rows of a batch are alike, so f starts at the
+ *      previous row's (k+1)-th largest. Where fewer than k + 1 reach it, the guess was too high: it steps down by a
+ *      quarter of the previous row's spread (its largest less its (k+1)-th), then the whole spread, then to -inf.
+ *      Once k + 1 numbers reach f, the row's k + 1 largest all do.
+ *   2. The candidates, v >= f, copied out without a branch from the runs of 8 that hold one.
+ *   3. Their order by counting: a candidate's rank is the number of candidates above it (and equal ones before it),
+ *      so the k + 1 largest fall into place with no data-dependent branch (the counting is vectorised). Where more
+ *      than RANKED reach f (the first row, a row unlike the one before), they are inserted one by one instead.
+ * ids [N, k] gets each row's k largest, descending. redo[n] = 1 where the answer may differ from torch's topk: a tie
+ * among the k + 1 largest (which of two equal numbers comes first is topk's choice) or a NaN (topk counts it as
+ * largest); the caller hands those rows to topk itself. Scratch: `kept`, `kept_ids` of k + 1 numbers, `vals`,
+ * `cand`, `cand_ids` of E. */
+#define RANKED 96
+
+/* v = row + bias; returns how many v >= floor, and ORs "the row has a NaN" into *has_nan. */
+static long values_and_count(long E, const REAL *restrict row, const REAL *restrict bias, REAL floor,
+                             REAL *restrict v, int *restrict has_nan)
 {
     long count = 0;
     int nan = 0;
-    for (long j0 = 0; j0 < E; j0 += SCAN) {
-        long end = j0 + SCAN < E ? j0 + SCAN : E;
-        int look = 0;                                         /* an OR of comparisons: one vector pass */
-        for (long j = j0; j < end; j++) {
-            REAL v = row[j] + bias[j];
-            look |= (v > floor) | (v != v);
-        }
-        if (!look)
-            continue;
-        for (long j = j0; j < end; j++) {                     /* copy out without a branch */
-            REAL v = row[j] + bias[j];
-            cand[count] = v;
-            cand_ids[count] = j;
-            count += v > floor;
-            nan |= v != v;
-        }
+    for (long j = 0; j < E; j++) {
+        REAL x = row[j] + bias[j];
+        v[j] = x;
+        count += x >= floor;
+        nan |= x != x;
     }
     *has_nan |= nan;
     return count;
 }
 
+static long count_at_least(long E, const REAL *restrict v, REAL floor)
+{
+    long count = 0;
+    for (long j = 0; j < E; j++)
+        count += v[j] >= floor;
+    return count;
+}
+
+static long candidates(long E, const REAL *restrict v, REAL floor, REAL *restrict cand, int64_t *restrict cand_ids)
+{
+    long count = 0, j0 = 0;
+    vec8 f = {0};
+    f += floor;
+    for (; j0 + 8 <= E; j0 += 8) {                            /* runs of 8: one vector comparison, ... */
+        vec8 x = load8(v + j0);
+        __typeof__(x >= f) reach = x >= f;
+        uint64_t words[sizeof reach / 8], any = 0;            /* any lane set: the mask read as whole words */
+        memcpy(words, &reach, sizeof reach);
+        for (unsigned w = 0; w < sizeof reach / 8; w++)
+            any |= words[w];
+        if (!any)
+            continue;
+        for (int j = 0; j < 8; j++) {                         /* ... and a copy without a branch where one reaches */
+            cand[count] = x[j];
+            cand_ids[count] = j0 + j;
+            count += reach[j] != 0;
+        }
+    }
+    for (; j0 < E; j0++) {
+        cand[count] = v[j0];
+        cand_ids[count] = j0;
+        count += v[j0] >= floor;
+    }
+    return count;
+}
+
+/* kept[0..k] (descending, ids beside) := the k + 1 largest of cand[0..count) (-inf, id -1 where fewer). */
 static void keep_largest(long k, long count, const REAL *restrict cand, const int64_t *restrict cand_ids,
                          REAL *restrict kept, int64_t *restrict kept_ids)
 {
@@ -231,40 +288,61 @@ static void keep_largest(long k, long count, const REAL *restrict cand, const in
         kept[j] = -__builtin_inf();
         kept_ids[j] = -1;
     }
-    for (long c = 0; c < count; c++) {
-        REAL v = cand[c];
-        if (!(v > kept[k]))
+    if (count <= RANKED) {                                    /* by rank: no data-dependent branch */
+        for (long c = 0; c < count; c++) {
+            REAL x = cand[c];
+            long rank = 0;
+            for (long j = 0; j < count; j++)
+                rank += (cand[j] > x) | ((cand[j] == x) & (j < c));
+            if (rank <= k) {
+                kept[rank] = x;
+                kept_ids[rank] = cand_ids[c];
+            }
+        }
+        return;
+    }
+    for (long c = 0; c < count; c++) {                        /* one by one */
+        REAL x = cand[c];
+        if (!(x > kept[k]))
             continue;
-        long at = k;                                          /* insert v, keeping kept[] descending */
-        while (at > 0 && kept[at - 1] < v) {
+        long at = k;                                          /* insert x, keeping kept[] descending */
+        while (at > 0 && kept[at - 1] < x) {
             kept[at] = kept[at - 1];
             kept_ids[at] = kept_ids[at - 1];
             at--;
         }
-        kept[at] = v;
+        kept[at] = x;
         kept_ids[at] = cand_ids[c];
     }
 }
 
 void top_k_rows(long N, long E, long k, const REAL *restrict scores, const REAL *restrict bias, int64_t *restrict ids,
-                unsigned char *restrict redo, REAL *restrict kept, int64_t *restrict kept_ids, REAL *restrict cand,
-                int64_t *restrict cand_ids)
+                unsigned char *restrict redo, REAL *restrict kept, int64_t *restrict kept_ids, REAL *restrict vals,
+                REAL *restrict cand, int64_t *restrict cand_ids)
 {
-    REAL floor = -__builtin_inf();
+    REAL floor = -__builtin_inf(), spread = 0;
     for (long n = 0; n < N; n++) {
-        const REAL *row = scores + n * E;
         int has_nan = 0;
-        long count = candidates(E, row, bias, floor, cand, cand_ids, &has_nan);
-        if (count <= k && floor > -__builtin_inf())          /* fewer than k + 1 above the floor: no floor */
-            count = candidates(E, row, bias, -__builtin_inf(), cand, cand_ids, &has_nan);
-        keep_largest(k, count, cand, cand_ids, kept, kept_ids);
+        long count = values_and_count(E, scores + n * E, bias, floor, vals, &has_nan);
+        if (count <= k) {                                     /* too high: step down, then give up the floor */
+            REAL lower[2] = {floor - spread / 4, floor - spread};
+            floor = -__builtin_inf();
+            for (int i = 0; i < 2; i++)
+                if (count_at_least(E, vals, lower[i]) > k) {
+                    floor = lower[i];
+                    break;
+                }
+        }
+        keep_largest(k, candidates(E, vals, floor, cand, cand_ids), cand, cand_ids, kept, kept_ids);
         int tie = 0;
         for (long j = 0; j < k && j + 1 < E; j++)
             tie |= !(kept[j] > kept[j + 1]);
         redo[n] = (unsigned char)(tie | has_nan);
         for (long j = 0; j < k; j++)
             ids[n * k + j] = kept_ids[j];
-        if (k < E && kept_ids[k] >= 0)                       /* below this row's (k+1)-th by its top's spread: */
-            floor = kept[k] - (kept[0] - kept[k]);            /* a floor the next row rarely fails */
+        if (k < E && kept_ids[k] >= 0) {                      /* the next row's first guess */
+            floor = kept[k];
+            spread = kept[0] - kept[k];
+        }
     }
 }

@@ -7,7 +7,7 @@ w_p W2_e glu(W1_e z_n, W3_e z_n), with the two products in C and the activation 
     h = glu(g, u)                      element-wise                            (PyTorch autograd)
     y = ExpertsOut(h, W2, w)           [N, l], summed per token                (C, forward and backward)
 
-`top_k_ids_native` is the router's selection, topk(scores + bias) in one C pass per row.
+`top_k_ids_native` is the router's selection, topk(scores + bias), in C: a checked floor, then few candidates ranked.
 
 Part of the opt-in compiled path (tiny_k3/compiled.py): `LatentMoE.mix_experts` and the router's training path take
 them while TINY_K3_COMPILE is on, on the CPU, in float32 or float64. Equal to the PyTorch path to float rounding,
@@ -97,6 +97,17 @@ def mix_experts_native(moe, z: torch.Tensor, ids: torch.Tensor, weights: torch.T
     return ExpertsOut.apply(hidden, moe.w2, weights.index_select(0, order), token, starts, n_tokens)
 
 
+def chosen_scores_backward(ids: torch.Tensor, grad_logits: torch.Tensor, x: torch.Tensor,
+                           weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ChosenScores`' backward in C: ids, grad_logits [N, k] (dL/d(logit) at the chosen experts), x [N, D], weight
+    [E, D] -> (dL/dx [N, D], dL/dW [E, D]), a gather and a scatter of k rows of W per token."""
+    ids, grad_logits, x, weight = (t.contiguous() for t in (ids, grad_logits.to(x.dtype), x, weight))
+    dx, dw = torch.empty_like(x), torch.zeros_like(weight)
+    native.library(x.dtype, "moe").chosen_scores_backward(x.shape[0], x.shape[1], ids.shape[1],
+                                                          *pointers(ids, grad_logits, x, weight, dx, dw))
+    return dx, dw
+
+
 def top_k_ids_native(scores: torch.Tensor, bias: torch.Tensor, k: int) -> torch.Tensor:
     """`(scores + bias).topk(k, dim=-1, sorted=True).indices` exactly, by the C selection (`top_k_rows`): scores
     [..., E], bias [E] -> [..., k] long. Rows the C pass marks (a tie among the k + 1 largest, a NaN) are handed to
@@ -108,9 +119,9 @@ def top_k_ids_native(scores: torch.Tensor, bias: torch.Tensor, k: int) -> torch.
     ids = torch.empty(n, k, dtype=torch.long)
     redo = torch.empty(n, dtype=torch.uint8)
     kept, kept_ids = rows.new_empty(k + 1), torch.empty(k + 1, dtype=torch.long)        # scratch (see the C)
-    cand, cand_ids = rows.new_empty(E), torch.empty(E, dtype=torch.long)
+    vals, cand, cand_ids = rows.new_empty(E), rows.new_empty(E), torch.empty(E, dtype=torch.long)
     native.library(rows.dtype, "moe").top_k_rows(n, E, k, *pointers(rows, bias, ids, redo, kept, kept_ids,
-                                                                      cand, cand_ids))
+                                                                      vals, cand, cand_ids))
     if bool(redo.any()):
         again = redo.nonzero().squeeze(1)
         ids[again] = (rows[again] + bias).topk(k, dim=-1, sorted=True).indices

@@ -1,10 +1,14 @@
 """The project's C kernels, built with the system C compiler and called through ctypes; and KDA's recurrence in C.
 
-Two sources, both part of the opt-in compiled path (tiny_k3/compiled.py):
+Four sources, all part of the opt-in compiled path (tiny_k3/compiled.py):
 - `kda_native.c`: KDA's recurrence, which `kda_chunked_compiled` runs where no gradient is needed on the CPU
   (prefill, the TUI's steps, the benches). It equals `kda.kda_recurrent` to float rounding (tests/test_native.py);
   it has no backward, so a call whose inputs need gradients is refused here.
-- `moe_native.c`: the latent MoE's expert products, forward and backward (wrapped by tiny_k3/moe_native.py).
+- `moe_native.c`: the latent MoE's expert products, forward and backward, the router's top-k selection and the
+  backward of its chosen scores (wrapped by tiny_k3/moe_native.py).
+- `norm_native.c`: RMSNorm, forward and backward, for training (wrapped in tiny_k3/norm.py).
+- `conv_native.c`: KDA's short conv with its SiLU and q/k norms, forward and backward, for training (wrapped by
+  tiny_k3/conv_native.py).
 
 A build takes about a tenth of a second, once per machine: the library is kept under $TINY_K3_NATIVE_DIR (default
 ~/.cache/tiny_k3/native), named by a hash of the source, the compiler and the CPU, so a changed file or another
@@ -19,6 +23,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-SOURCES = {"kda": Path(__file__).with_name("kda_native.c"), "moe": Path(__file__).with_name("moe_native.c")}
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu99")   # (gnu99: vector types)
+SOURCES = {name: Path(__file__).with_name(f"{name}_native.c") for name in ("kda", "moe", "norm", "conv")}
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu99")   # (gnu99: vector types;
+#                                             no errno: sqrt is one instruction, no call into libm)
 TYPES = {torch.float32: "float", torch.float64: "double"}   # one library per element type: its REAL
 
 
@@ -57,33 +63,51 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
-def _signatures(lib: ctypes.CDLL, name: str, real) -> None:
-    """Declare each C function's argument types (ctypes passes them unchecked otherwise)."""
-    long, ptr = ctypes.c_long, ctypes.c_void_p
-    if name == "kda":
-        lib.kda_recurrent.argtypes = [long] * 5 + [ptr] * 5 + [real] + [ptr] * 2
-        lib.kda_recurrent.restype = None
-        return
-    lib.experts_in.argtypes = [long] * 3 + [ptr] * 7
-    lib.experts_in_backward.argtypes = [long] * 3 + [ptr] * 10
-    lib.experts_out.argtypes = [long] * 3 + [ptr] * 6
-    lib.experts_out_backward.argtypes = [long] * 3 + [ptr] * 10
-    lib.top_k_rows.argtypes = [long] * 3 + [ptr] * 8
-    lib.order_by_expert.argtypes = [long] * 2 + [ptr] * 3
-    for fn in (lib.experts_in, lib.experts_in_backward, lib.experts_out, lib.experts_out_backward, lib.top_k_rows,
-               lib.order_by_expert):
-        fn.restype = None
+_PROTOTYPE = re.compile(r"^void (\w+)\(([^)]*)\)", re.MULTILINE)   # an exported function: `void name(...)` at a line's start
+
+
+def prototypes(source: str) -> dict[str, list[str]]:
+    """The exported functions of a C source and their parameters' C types, in order: {name: ["long", "ptr",
+    "REAL", ...]} ("ptr" for any pointer). Static helpers are not exported and not listed."""
+    found = {}
+    for name, params in _PROTOTYPE.findall(source):
+        kinds = []
+        for param in params.split(","):
+            param = " ".join(param.split())
+            kinds.append("ptr" if "*" in param else param.rsplit(" ", 1)[0].replace("const ", ""))
+        found[name] = kinds
+    return found
+
+
+class Kernels:
+    """A built library's exported functions, each with its argument types declared from its prototype in the source
+    (ctypes would pass an undeclared argument as a C int: a pointer past the declared ones would lose its upper
+    half) and its argument count checked before the call (ctypes lets extra arguments through)."""
+
+    def __init__(self, lib: ctypes.CDLL, source: str, real):
+        ctype = {"long": ctypes.c_long, "ptr": ctypes.c_void_p, "REAL": real}
+        for name, kinds in prototypes(source).items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = [ctype[kind] for kind in kinds], None
+            setattr(self, name, functools.partial(_checked_call, fn, name, len(kinds)))
+        self._lib = lib            # held: the functions live as long as the library stays loaded
+
+
+def _checked_call(fn, name: str, count: int, *args) -> None:
+    if len(args) != count:
+        raise TypeError(f"the C function {name} takes {count} arguments, got {len(args)}.")
+    fn(*args)
 
 
 @functools.lru_cache(maxsize=None)
-def _library(dtype: torch.dtype, name: str = "kda") -> ctypes.CDLL | str:
+def _library(dtype: torch.dtype, name: str = "kda") -> Kernels | str:
     """The kernels of SOURCES[name] for `dtype`, built on first use; or a one-line reason why they cannot be had."""
     cc = c_compiler()
     if cc is None:
         return "no C compiler found ($CC, cc, gcc or clang)"
     source, real = SOURCES[name], TYPES[dtype]
-    defines = (f"-DREAL={real}",)
-    key = hashlib.sha256(b"\0".join(x.encode() for x in (source.read_text(), cc, *FLAGS, *defines,
+    defines, text = (f"-DREAL={real}",), source.read_text()
+    key = hashlib.sha256(b"\0".join(x.encode() for x in (text, cc, *FLAGS, *defines,
                                                            platform.machine(), _cpu_name()))).hexdigest()[:16]
     path = build_dir() / f"{source.stem}_{real}_{key}.so"
     if not path.exists():
@@ -103,8 +127,7 @@ def _library(dtype: torch.dtype, name: str = "kda") -> ctypes.CDLL | str:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         return f"could not load {path}: {exc}"[:300]
-    _signatures(lib, name, ctypes.c_float if dtype == torch.float32 else ctypes.c_double)
-    return lib
+    return Kernels(lib, text, ctypes.c_float if dtype == torch.float32 else ctypes.c_double)
 
 
 def problem(dtype: torch.dtype = torch.float32, name: str = "kda") -> str | None:
@@ -115,7 +138,7 @@ def problem(dtype: torch.dtype = torch.float32, name: str = "kda") -> str | None
     return lib if isinstance(lib, str) else None
 
 
-def library(dtype: torch.dtype, name: str) -> ctypes.CDLL:
+def library(dtype: torch.dtype, name: str) -> Kernels:
     """The built kernels of SOURCES[name] for `dtype`; RuntimeError (the reason) where `problem` is not None."""
     reason = problem(dtype, name)
     if reason is not None:

@@ -48,6 +48,7 @@ from torch.nn import functional as F
 from . import compiled
 from .config import ConfigError, K3Config
 from .data import BLIND_WINDOW, Rows, Stage, corpus_rows, curriculum_rows, stage_of
+from .fused import keep_freed_memory
 from .hooks import Hooks
 from .model import TinyK3
 from .recall import make_probes, recall_accuracy
@@ -273,6 +274,7 @@ def train_step(model: TinyK3, opt: torch.optim.Optimizer, rows: Rows, clip: floa
                step: int, mla_window: int | None = None) -> float:
     """One step on `rows`: the weighted loss, its gradients clipped to norm `clip`, the optimiser step, then the
     selection-bias update of every MoE router from the load of this batch. Returns the loss."""
+    keep_freed_memory()     # (once a process) the step's temporaries reuse freed memory, not fresh pages: fused.py
     loss = lm_loss(model, rows, mla_window)
     if not torch.isfinite(loss):
         raise ValueError(f"the loss became {loss.item()} at step {step + 1}; try a smaller --lr.")
