@@ -151,3 +151,20 @@ def test_keep_freed_memory_takes_effect_on_glibc():
     assert isinstance(result, bool)
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert result, "mallopt refused the settings"
+
+
+# ----------------------------------------------------------------------------------------------- SiTU-GLU
+@needs_cc
+@pytest.mark.parametrize("n", [8 * 37, 21])    # runs of 8, and a tail through the padded vector
+def test_c_situ_glu_equals_situ_glu_outputs_and_gradients(build_dir, n):
+    from tiny_k3.moe import situ_glu
+    from tiny_k3.moe_native import SituGLU
+    torch.manual_seed(5)
+    scale = torch.logspace(-6, 2.5, n, dtype=F64)          # from where tanh(x) ~ x to both caps and past them
+    g = (torch.randn(n, dtype=F64).sign() * scale).requires_grad_()
+    u = (torch.randn(n, dtype=F64) * scale.flip(0)).requires_grad_()
+    probe = [torch.randn(n, dtype=F64)]
+    want = _grads(lambda a, b: [situ_glu(a, b, 4.0, 25.0)], [g, u], probe)
+    got = _grads(lambda a, b: [SituGLU.apply(a, b, 4.0, 25.0)], [g, u], probe)
+    for name, a, b in zip(["h", "dg", "du"], got, want):
+        torch.testing.assert_close(a, b, atol=1e-13, rtol=1e-12, msg=name)   # relative too: tiny values keep digits

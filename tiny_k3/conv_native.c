@@ -16,54 +16,7 @@
  * loop it leaves scalar; here each pass runs along the C channels of one token, a vector at a time.
  * tiny_k3/native.py builds this file; tiny_k3/conv_native.py wraps it as an autograd Function.
  */
-#include <stdint.h>
-#include <string.h>
-
-#ifndef REAL
-#error "build with -DREAL=float or -DREAL=double (tiny_k3/native.py does)"
-#endif
-
-typedef REAL vec8 __attribute__((vector_size(8 * sizeof(REAL))));
-typedef __typeof__((vec8){0} < (vec8){0}) ivec8;               /* the integers of REAL's width, 8 of them */
-static inline vec8 load8(const REAL *p) { vec8 x; memcpy(&x, p, sizeof x); return x; }   /* (no alignment assumed) */
-static inline void store8(REAL *p, vec8 x) { memcpy(p, &x, sizeof x); }
-static inline REAL sum8(vec8 x) { REAL s = 0; for (int j = 0; j < 8; j++) s += x[j]; return s; }
-
-/* a where mask (a lane of all ones), else b: C has no ?: for vectors, so the bits are picked */
-static inline vec8 select8(ivec8 mask, vec8 a, vec8 b)
-{
-    ivec8 ai, bi;
-    memcpy(&ai, &a, sizeof a);
-    memcpy(&bi, &b, sizeof b);
-    ivec8 picked = (ai & mask) | (bi & ~mask);
-    vec8 out;
-    memcpy(&out, &picked, sizeof out);
-    return out;
-}
-
-/* e^x for 8 numbers at once (C's exp is one number per call). x = n ln2 + f with n = round(x / ln2), |f| <= ln2/2;
- * e^f by its Taylor series (to f^7 / 7! for float, f^13 / 13! for double: the next term is under half an ulp), and
- * 2^n put straight into the exponent bits. x is clamped to +-LIMIT first, where e^x stays finite (a sigmoid there
- * is 0 or 1 to the last bit anyway). */
-#define DOUBLE (sizeof(REAL) == 8)
-static inline vec8 exp8(vec8 x)
-{
-    const REAL LIMIT = DOUBLE ? 700 : 87, LN2 = 0.6931471805599453, ROUND = DOUBLE ? 6755399441055744.0 : 12582912.0;
-    vec8 limit = (vec8){0} + LIMIT;
-    x = select8(x < -limit, -limit, select8(x > limit, limit, x));
-    vec8 n = (x * (REAL)1.4426950408889634 + ROUND) - ROUND;   /* round to nearest: 1.5 * 2^(mantissa bits) */
-    vec8 f = x - n * LN2;
-    int terms = DOUBLE ? 13 : 7;
-    vec8 e = (vec8){0} + 1;
-    for (int i = terms; i >= 1; i--)                          /* Horner: 1 + f (1 + f/2 (1 + f/3 (...))) */
-        e = 1 + e * f * ((REAL)1 / i);
-    ivec8 bits = (__builtin_convertvector(n, ivec8) + (DOUBLE ? 1023 : 127)) << (DOUBLE ? 52 : 23);
-    vec8 two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return e * two_n;
-}
-
-static inline vec8 sigmoid8(vec8 m) { return 1 / (1 + exp8(-m)); }
+#include "native_vec.h"   /* vec8: 8 numbers at a time; exp8, sigmoid8 */
 
 /* y (and m, r) for every token; see the top of the file. C must be a multiple of 8, and K too. */
 void kda_conv_forward(long B, long T, long C, long W, long heads, long K, const REAL *restrict x,

@@ -110,11 +110,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def glu(gate: torch.Tensor, up: torch.Tensor, config: K3Config) -> torch.Tensor:
     """The gated activation `config.mlp_act` names: "situ" (K3's SiTU-GLU) or "swiglu" (K2, Kimi Linear).
 
-    While training on the compiled path (tiny_k3/compiled.py) SiTU-GLU runs as one compiled op: its seven
-    element-wise passes, and their backward, fused."""
+    While training on the compiled path (tiny_k3/compiled.py) SiTU-GLU runs in C (moe_native.SituGLU: one pass
+    each way), or where the C kernels cannot, as one compiled op: its seven element-wise passes, and their
+    backward, fused."""
     if config.mlp_act == "swiglu":
         return swiglu(gate, up)
     if compiled.enabled() and autograd_needed((gate, up)):
+        if gate.shape == up.shape and gate.dtype == up.dtype and moe_native.available(gate) is None:   # in C
+            return moe_native.SituGLU.apply(gate, up, config.situ_beta_gate, config.situ_beta_up)
         return _SITU_GLU(gate, up, config.situ_beta_gate, config.situ_beta_up)
     return situ_glu(gate, up, config.situ_beta_gate, config.situ_beta_up)
 

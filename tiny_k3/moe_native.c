@@ -16,11 +16,8 @@
  * y [N, l]. Gradients are accumulated into zeroed outputs the caller passes.
  */
 #include <stdint.h>   /* index arrays are int64_t: torch.long, whatever the size of a C long */
-#include <string.h>
 
-#ifndef REAL
-#error "build with -DREAL=float or -DREAL=double (tiny_k3/native.py does)"
-#endif
+#include "native_vec.h"
 
 /* The pairs in expert order, stably (a counting sort: one pass to count, one to place): order [P] lists the pairs of
  * expert 0, then of expert 1, ...; starts [E + 1] marks where each expert's run begins. */
@@ -39,12 +36,8 @@ void order_by_expert(long P, long E, const int64_t *restrict ids, int64_t *restr
     starts[0] = 0;
 }
 
-/* Runs of 8 numbers are handled as one vector whose sums stay in registers (an AVX2 register of floats); the numbers
- * past the last whole run, one at a time. */
-typedef REAL vec8 __attribute__((vector_size(8 * sizeof(REAL))));
-static inline vec8 load8(const REAL *p) { vec8 x; memcpy(&x, p, sizeof x); return x; }   /* (no alignment assumed) */
-static inline void store8(REAL *p, vec8 x) { memcpy(p, &x, sizeof x); }
-static inline REAL sum8(vec8 x) { REAL s = 0; for (int j = 0; j < 8; j++) s += x[j]; return s; }
+/* Runs of 8 numbers are handled as one vector whose sums stay in registers (vec8, native_vec.h); the numbers past
+ * the last whole run, one at a time. */
 
 /* g_p = W1_e z_token[p], u_p = W3_e z_token[p] for every pair. The weights come transposed, W1t, W3t [E, l, m], so
  * that both products are sums of rows, g_p = sum_c z_c W1t[c, :]. */
@@ -184,6 +177,73 @@ void experts_out_backward(long E, long m, long l, const int64_t *restrict starts
                 dhp[i] = grad;
             }
         }
+    }
+}
+
+/* SiTU-GLU (tiny_k3/moe.py `situ_glu`, k3_facts.md §1c) element by element over n numbers, 8 at a time:
+ *     h = c A S U      A = tanh(g / bg), S = sigmoid(g), U = tanh(u / bu), c = bg bu
+ * and back, from dh:
+ *     dg = dh c U (S (1 - A^2) / bg + A S (1 - S)),   du = dh c A S (1 - U^2) / bu
+ * (tanh, sigmoid: native_vec.h). The last n % 8 numbers go through one zero-padded vector. */
+static inline void situ8(vec8 g, vec8 u, REAL bg, REAL bu, vec8 *A, vec8 *S, vec8 *U)
+{
+    *A = tanh8(g * ((REAL)1 / bg));
+    *S = sigmoid8(g);
+    *U = tanh8(u * ((REAL)1 / bu));
+}
+
+static inline long whole8(long n) { return n - n % 8; }
+
+static inline vec8 load_part8(const REAL *p, long count)      /* count < 8 numbers, zeros after */
+{
+    REAL part[8] = {0};
+    memcpy(part, p, count * sizeof(REAL));
+    return load8(part);
+}
+
+static inline void store_part8(REAL *p, vec8 x, long count)
+{
+    REAL part[8];
+    store8(part, x);
+    memcpy(p, part, count * sizeof(REAL));
+}
+
+void situ_glu_forward(long n, REAL bg, REAL bu, const REAL *restrict g, const REAL *restrict u, REAL *restrict h)
+{
+    vec8 A, S, U;
+    for (long i = 0; i < whole8(n); i += 8) {
+        situ8(load8(g + i), load8(u + i), bg, bu, &A, &S, &U);
+        store8(h + i, (bg * bu) * A * S * U);
+    }
+    long i = whole8(n), rest = n - i;
+    if (rest) {
+        situ8(load_part8(g + i, rest), load_part8(u + i, rest), bg, bu, &A, &S, &U);
+        store_part8(h + i, (bg * bu) * A * S * U, rest);
+    }
+}
+
+static inline void situ_back8(vec8 g, vec8 u, vec8 dh, REAL bg, REAL bu, vec8 *dg, vec8 *du)
+{
+    vec8 A, S, U, c_dh = (bg * bu) * dh;
+    situ8(g, u, bg, bu, &A, &S, &U);
+    *dg = c_dh * U * (S * (1 - A * A) * ((REAL)1 / bg) + A * S * (1 - S));
+    *du = c_dh * A * S * (1 - U * U) * ((REAL)1 / bu);
+}
+
+void situ_glu_backward(long n, REAL bg, REAL bu, const REAL *restrict g, const REAL *restrict u,
+                       const REAL *restrict dh, REAL *restrict dg, REAL *restrict du)
+{
+    vec8 dgi, dui;
+    for (long i = 0; i < whole8(n); i += 8) {
+        situ_back8(load8(g + i), load8(u + i), load8(dh + i), bg, bu, &dgi, &dui);
+        store8(dg + i, dgi);
+        store8(du + i, dui);
+    }
+    long i = whole8(n), rest = n - i;
+    if (rest) {
+        situ_back8(load_part8(g + i, rest), load_part8(u + i, rest), load_part8(dh + i, rest), bg, bu, &dgi, &dui);
+        store_part8(dg + i, dgi, rest);
+        store_part8(du + i, dui, rest);
     }
 }
 

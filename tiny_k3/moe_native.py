@@ -85,6 +85,28 @@ class ExpertsOut(torch.autograd.Function):
         return dh, dw2, dw, None, None, None
 
 
+class SituGLU(torch.autograd.Function):
+    """(g, u; bg, bu) -> h = situ_glu(g, u, bg, bu), same shape, element by element in C, forward and backward."""
+
+    @staticmethod
+    def forward(ctx, g, u, beta_gate: float, beta_up: float):
+        g, u = g.contiguous(), u.to(g.dtype).contiguous()
+        h = torch.empty_like(g)
+        native.library(g.dtype, "moe").situ_glu_forward(g.numel(), beta_gate, beta_up, *pointers(g, u, h))
+        ctx.save_for_backward(g, u)
+        ctx.betas = beta_gate, beta_up
+        return h
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dh):
+        g, u = ctx.saved_tensors
+        dh = dh.to(g.dtype).contiguous()
+        dg, du = torch.empty_like(g), torch.empty_like(u)
+        native.library(g.dtype, "moe").situ_glu_backward(g.numel(), *ctx.betas, *pointers(g, u, dh, dg, du))
+        return dg, du, None, None
+
+
 def mix_experts_native(moe, z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                        token: torch.Tensor | None = None) -> torch.Tensor:
     """`moe.mix_experts(z, ids, weights, token)` (a LatentMoE) with the expert products in C. z [N, l]; ids,

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 SOURCES = {name: Path(__file__).with_name(f"{name}_native.c") for name in ("kda", "moe", "norm", "conv")}
+HEADER = Path(__file__).with_name("native_vec.h")   # included by every source: a change rebuilds them all
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu99")   # (gnu99: vector types;
 #                                             no errno: sqrt is one instruction, no call into libm)
 TYPES = {torch.float32: "float", torch.float64: "double"}   # one library per element type: its REAL
@@ -107,7 +108,7 @@ def _library(dtype: torch.dtype, name: str = "kda") -> Kernels | str:
         return "no C compiler found ($CC, cc, gcc or clang)"
     source, real = SOURCES[name], TYPES[dtype]
     defines, text = (f"-DREAL={real}",), source.read_text()
-    key = hashlib.sha256(b"\0".join(x.encode() for x in (text, cc, *FLAGS, *defines,
+    key = hashlib.sha256(b"\0".join(x.encode() for x in (text, HEADER.read_text(), cc, *FLAGS, *defines,
                                                            platform.machine(), _cpu_name()))).hexdigest()[:16]
     path = build_dir() / f"{source.stem}_{real}_{key}.so"
     if not path.exists():

@@ -10,19 +10,11 @@
  * each way. tiny_k3/native.py builds this file; tiny_k3/norm.py wraps it as an autograd Function.
  */
 #include <math.h>
-#include <string.h>
 
-#ifndef REAL
-#error "build with -DREAL=float or -DREAL=double (tiny_k3/native.py does)"
-#endif
+#include "native_vec.h"   /* vec8: 8 numbers at a time */
 
 /* Sums over a row are kept as 8 running sums (one vector register): C may not reorder a sum of floats by itself,
  * so a plain loop would add one number at a time. */
-typedef REAL vec8 __attribute__((vector_size(8 * sizeof(REAL))));
-static inline vec8 load8(const REAL *p) { vec8 x; memcpy(&x, p, sizeof x); return x; }   /* (no alignment assumed) */
-
-static inline REAL sum8(vec8 x) { REAL s = 0; for (int j = 0; j < 8; j++) s += x[j]; return s; }
-
 static REAL sum_of_squares(long D, const REAL *restrict a)
 {
     vec8 acc = {0};
