@@ -187,7 +187,7 @@ def test_compiled_switch_routes_and_mixes_in_c_and_equals_eager(build_dir, compi
     moe = _moe()
     x = torch.randn(2, 24, moe.config.hidden_size, dtype=F64)
     calls = []
-    for name in ("mix_experts_native", "top_k_ids_native"):
+    for name in ("mix_experts_native", "sigmoid_top_k_ids_native"):
         real = getattr(moe_native, name)
         monkeypatch.setattr(moe_native, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     found = []
@@ -198,7 +198,7 @@ def test_compiled_switch_routes_and_mixes_in_c_and_equals_eager(build_dir, compi
         y = moe(xx)
         y.pow(2).sum().backward()
         found.append([y.detach(), xx.grad, moe.router.weight.grad.clone(), moe.w1.grad.clone()])
-    assert calls == ["top_k_ids_native", "mix_experts_native"], calls
+    assert calls == ["sigmoid_top_k_ids_native", "mix_experts_native"], calls
     for a, b in zip(*found):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 

@@ -168,3 +168,20 @@ def test_c_situ_glu_equals_situ_glu_outputs_and_gradients(build_dir, n):
     got = _grads(lambda a, b: [SituGLU.apply(a, b, 4.0, 25.0)], [g, u], probe)
     for name, a, b in zip(["h", "dg", "du"], got, want):
         torch.testing.assert_close(a, b, atol=1e-13, rtol=1e-12, msg=name)   # relative too: tiny values keep digits
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype, tol", [(F64, 1e-15), (torch.float32, 3e-7)])
+def test_c_sigmoid_and_selection_in_one_pass(build_dir, dtype, tol):
+    from tiny_k3.moe_native import sigmoid_top_k_ids_native
+    torch.manual_seed(6)
+    logits = torch.randn(300, 100, dtype=dtype) * 4
+    logits[7, 3] = 200.0                                        # saturated both ways
+    logits[8, 5] = -200.0
+    bias = torch.randn(100, dtype=dtype) * 0.01
+    scores = logits.clone()
+    ids = sigmoid_top_k_ids_native(scores, bias, 8)
+    torch.testing.assert_close(scores, torch.sigmoid(logits), atol=tol, rtol=tol)   # written in place
+    assert torch.equal(ids, (scores + bias).topk(8, dim=-1, sorted=True).indices)   # of the scores it wrote
+    with pytest.raises(ValueError, match="contiguous"):
+        sigmoid_top_k_ids_native(logits.T, bias, 8)

@@ -17,11 +17,14 @@ from .native import pointers
 
 
 class ConvHeads(torch.autograd.Function):
-    """(x [B, T, C], taps [W, C]; heads, K) -> y [B, T, C]: the conv, SiLU and the norm of the first `heads` heads of
-    K channels (q and k), per tiny_k3/conv_native.c."""
+    """(x [B, T, C], taps [W, C]; widths) -> the C outputs' parts along the channels (q, k, v: views of one buffer):
+    the conv, SiLU and the norm of the first `heads` heads of K channels (q and k), per tiny_k3/conv_native.c.
+
+    The parts are outputs of their own, so their gradients come back apart and are joined once here (slicing one
+    output instead would give each slice's backward a zero-filled copy of the whole)."""
 
     @staticmethod
-    def forward(ctx, x, taps, heads: int, K: int):
+    def forward(ctx, x, taps, heads: int, K: int, widths: tuple[int, ...]):
         B, T, C = x.shape
         x, taps = x.contiguous(), taps.contiguous()
         m, y, r = torch.empty_like(x), torch.empty_like(x), x.new_empty(B, T, heads)
@@ -29,18 +32,18 @@ class ConvHeads(torch.autograd.Function):
                                                          *pointers(x, taps, m, y, r))
         ctx.save_for_backward(x, taps, m, y, r)
         ctx.heads, ctx.K = heads, K
-        return y
+        return y.split(widths, -1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
+    def backward(ctx, *dparts):
         x, taps, m, y, r = ctx.saved_tensors
         B, T, C = x.shape
-        dy = dy.contiguous()
+        dy = torch.cat(dparts, -1).contiguous()
         dm, dx, dtaps = torch.empty_like(x), torch.empty_like(x), torch.zeros_like(taps)
         native.library(x.dtype, "conv").kda_conv_backward(B, T, C, taps.shape[0], ctx.heads, ctx.K,
                                                           *pointers(x, taps, m, y, r, dy, dm, dx, dtaps))
-        return dx, dtaps, None, None
+        return dx, dtaps, None, None, None
 
 
 def conv_heads_native(projected: torch.Tensor, weight: torch.Tensor, H: int, K: int, V: int):
@@ -48,10 +51,9 @@ def conv_heads_native(projected: torch.Tensor, weight: torch.Tensor, H: int, K: 
     (q, k [B, T, H, K], v [B, T, H, V], the conv tail [B, W-1, C])."""
     B, T, C = projected.shape
     W = weight.shape[-1]
-    y = ConvHeads.apply(projected, weight[:, 0].T, 2 * H, K)
-    qk = y[..., :2 * H * K].reshape(B, T, 2 * H, K)
+    q, k, v = ConvHeads.apply(projected, weight[:, 0].T, 2 * H, K, (H * K, H * K, H * V))
     tail = F.pad(projected[:, max(T - (W - 1), 0):], (0, 0, max(W - 1 - T, 0), 0))   # the last W-1 inputs
-    return qk[:, :, :H], qk[:, :, H:], y[..., 2 * H * K:].reshape(B, T, H, V), tail
+    return q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V), tail
 
 
 def available(projected: torch.Tensor, weight: torch.Tensor, H: int, K: int, fp: torch.dtype) -> str | None:

@@ -212,12 +212,15 @@ class Router(nn.Module):
         if not autograd_needed((x, weight)):
             return self.choose(torch.sigmoid(F.linear(x, weight)), hooks, layer)
         with torch.no_grad():
-            scores = F.linear(x, weight).sigmoid_()                      # [..., E], no autograd history
-            if hooks is not None and hooks.changes_routing(layer):
-                ids = hooks.route(layer, scores, self).expert_ids
-            elif compiled.enabled() and moe_native.available(scores) is None:   # the compiled path: one C pass
-                ids = moe_native.top_k_ids_native(scores, self.bias, self.top_k)
+            scores = F.linear(x, weight)                                 # [..., E] logits, no autograd history
+            if (compiled.enabled() and not (hooks is not None and hooks.changes_routing(layer))
+                    and moe_native.available(scores) is None):   # the compiled path: sigmoid and top-k in one C pass
+                ids = moe_native.sigmoid_top_k_ids_native(scores.view(-1, scores.shape[-1]), self.bias,
+                                                          self.top_k).view(*scores.shape[:-1], self.top_k)
+            elif hooks is not None and hooks.changes_routing(layer):
+                ids = hooks.route(layer, scores.sigmoid_(), self).expert_ids
             else:   # s + b in a reused buffer: it only selects (a fresh [N, E] costs its page faults)
+                scores.sigmoid_()
                 biased = torch.add(scores, self.bias, out=scratch_buffer("router biased", scores.shape, scores))
                 ids = top_k_ids(biased, self.top_k)
         k = ids.shape[-1]

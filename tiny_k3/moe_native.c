@@ -194,20 +194,6 @@ static inline void situ8(vec8 g, vec8 u, REAL bg, REAL bu, vec8 *A, vec8 *S, vec
 
 static inline long whole8(long n) { return n - n % 8; }
 
-static inline vec8 load_part8(const REAL *p, long count)      /* count < 8 numbers, zeros after */
-{
-    REAL part[8] = {0};
-    memcpy(part, p, count * sizeof(REAL));
-    return load8(part);
-}
-
-static inline void store_part8(REAL *p, vec8 x, long count)
-{
-    REAL part[8];
-    store8(part, x);
-    memcpy(p, part, count * sizeof(REAL));
-}
-
 void situ_glu_forward(long n, REAL bg, REAL bu, const REAL *restrict g, const REAL *restrict u, REAL *restrict h)
 {
     vec8 A, S, U;
@@ -289,9 +275,16 @@ void chosen_scores_backward(long N, long D, long k, const int64_t *restrict ids,
 #define RANKED 96
 
 /* v = row + bias; returns how many v >= floor, and ORs "the row has a NaN" into *has_nan. */
-static long values_and_count(long E, const REAL *restrict row, const REAL *restrict bias, REAL floor,
+static long values_and_count(long E, REAL *restrict row, const REAL *restrict bias, int sigmoid_first, REAL floor,
                              REAL *restrict v, int *restrict has_nan)
 {
+    if (sigmoid_first) {                                      /* the row holds logits: make them the scores */
+        long c = 0;
+        for (; c + 8 <= E; c += 8)
+            store8(row + c, sigmoid8(load8(row + c)));
+        if (c < E)
+            store_part8(row + c, sigmoid8(load_part8(row + c, E - c)), E - c);
+    }
     long count = 0;
     int nan = 0;
     for (long j = 0; j < E; j++) {
@@ -376,14 +369,14 @@ static void keep_largest(long k, long count, const REAL *restrict cand, const in
     }
 }
 
-void top_k_rows(long N, long E, long k, const REAL *restrict scores, const REAL *restrict bias, int64_t *restrict ids,
-                unsigned char *restrict redo, REAL *restrict kept, int64_t *restrict kept_ids, REAL *restrict vals,
-                REAL *restrict cand, int64_t *restrict cand_ids)
+static void select_rows(long N, long E, long k, REAL *restrict scores, int sigmoid_first, const REAL *restrict bias,
+                        int64_t *restrict ids, unsigned char *restrict redo, REAL *restrict kept,
+                        int64_t *restrict kept_ids, REAL *restrict vals, REAL *restrict cand, int64_t *restrict cand_ids)
 {
     REAL floor = -__builtin_inf(), spread = 0;
     for (long n = 0; n < N; n++) {
         int has_nan = 0;
-        long count = values_and_count(E, scores + n * E, bias, floor, vals, &has_nan);
+        long count = values_and_count(E, scores + n * E, bias, sigmoid_first, floor, vals, &has_nan);
         if (count <= k) {                                     /* too high: step down, then give up the floor */
             REAL lower[2] = {floor - spread / 4, floor - spread};
             floor = -__builtin_inf();
@@ -405,4 +398,20 @@ void top_k_rows(long N, long E, long k, const REAL *restrict scores, const REAL 
             spread = kept[0] - kept[k];
         }
     }
+}
+
+void top_k_rows(long N, long E, long k, REAL *restrict scores, const REAL *restrict bias, int64_t *restrict ids,
+                unsigned char *restrict redo, REAL *restrict kept, int64_t *restrict kept_ids, REAL *restrict vals,
+                REAL *restrict cand, int64_t *restrict cand_ids)
+{
+    select_rows(N, E, k, scores, 0, bias, ids, redo, kept, kept_ids, vals, cand, cand_ids);
+}
+
+/* top_k_rows on sigmoid(logits): each row of `logits` is turned into its scores in place (sigmoid8, native_vec.h)
+ * just before it is scanned, while it is in the cache; the router's training path (one pass instead of two). */
+void top_k_sigmoid_rows(long N, long E, long k, REAL *restrict logits, const REAL *restrict bias, int64_t *restrict ids,
+                        unsigned char *restrict redo, REAL *restrict kept, int64_t *restrict kept_ids,
+                        REAL *restrict vals, REAL *restrict cand, int64_t *restrict cand_ids)
+{
+    select_rows(N, E, k, logits, 1, bias, ids, redo, kept, kept_ids, vals, cand, cand_ids);
 }

@@ -69,17 +69,16 @@ class ExpertsOut(torch.autograd.Function):
         h, w2, w = h.contiguous(), w2.contiguous(), w.contiguous()
         y, w2t = h.new_zeros(n_tokens, l), w2.transpose(1, 2).contiguous()               # [E, m, l]: see the C
         native.library(h.dtype, "moe").experts_out(E, m, l, *pointers(starts, token, h, w2t, w, y))
-        ctx.save_for_backward(h, w2, w, token, starts)
+        ctx.save_for_backward(h, w2, w2t, w, token, starts)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        h, w2, w, token, starts = ctx.saved_tensors
+        h, w2, w2t, w, token, starts = ctx.saved_tensors
         E, l, m = w2.shape
         dy = dy.contiguous()
         dh, dw2, dw = torch.empty_like(h), torch.zeros_like(w2), torch.empty_like(w)
-        w2t = w2.transpose(1, 2).contiguous()
         native.library(h.dtype, "moe").experts_out_backward(E, m, l, *pointers(starts, token, h, w2, w2t, w, dy,
                                                                                  dh, dw2, dw))
         return dh, dw2, dw, None, None, None
@@ -134,20 +133,32 @@ def top_k_ids_native(scores: torch.Tensor, bias: torch.Tensor, k: int) -> torch.
     """`(scores + bias).topk(k, dim=-1, sorted=True).indices` exactly, by the C selection (`top_k_rows`): scores
     [..., E], bias [E] -> [..., k] long. Rows the C pass marks (a tie among the k + 1 largest, a NaN) are handed to
     torch's topk, so ties break exactly as topk breaks them."""
-    E = scores.shape[-1]
-    rows = scores.detach().reshape(-1, E).contiguous()
+    rows = scores.detach().reshape(-1, scores.shape[-1]).contiguous()
+    return _select(rows, bias, k, "top_k_rows").view(*scores.shape[:-1], k)
+
+
+def sigmoid_top_k_ids_native(logits: torch.Tensor, bias: torch.Tensor, k: int) -> torch.Tensor:
+    """The router's scores and selection in one C pass (`top_k_sigmoid_rows`): logits [N, E] (contiguous, no
+    autograd history) become sigmoid(logits) in place, and the result is `top_k_ids_native` of those scores."""
+    if not logits.is_contiguous() or logits.dim() != 2:
+        raise ValueError(f"sigmoid_top_k_ids_native writes the scores in place: logits must be a contiguous [N, E], "
+                         f"got shape {list(logits.shape)}.")
+    return _select(logits, bias, k, "top_k_sigmoid_rows")
+
+
+def _select(rows: torch.Tensor, bias: torch.Tensor, k: int, kernel: str) -> torch.Tensor:
+    n, E = rows.shape
     bias = bias.detach().to(rows.dtype).contiguous()
-    n = rows.shape[0]
     ids = torch.empty(n, k, dtype=torch.long)
     redo = torch.empty(n, dtype=torch.uint8)
     kept, kept_ids = rows.new_empty(k + 1), torch.empty(k + 1, dtype=torch.long)        # scratch (see the C)
     vals, cand, cand_ids = rows.new_empty(E), rows.new_empty(E), torch.empty(E, dtype=torch.long)
-    native.library(rows.dtype, "moe").top_k_rows(n, E, k, *pointers(rows, bias, ids, redo, kept, kept_ids,
-                                                                      vals, cand, cand_ids))
+    getattr(native.library(rows.dtype, "moe"), kernel)(n, E, k, *pointers(rows, bias, ids, redo, kept, kept_ids,
+                                                                          vals, cand, cand_ids))
     if bool(redo.any()):
         again = redo.nonzero().squeeze(1)
         ids[again] = (rows[again] + bias).topk(k, dim=-1, sorted=True).indices
-    return ids.view(*scores.shape[:-1], k)
+    return ids
 
 
 def available(z: torch.Tensor) -> str | None:

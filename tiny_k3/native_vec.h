@@ -23,6 +23,20 @@ static inline void store8(REAL *p, vec8 x) { memcpy(p, &x, sizeof x); }
 static inline REAL sum8(vec8 x) { REAL s = 0; for (int j = 0; j < 8; j++) s += x[j]; return s; }
 static inline vec8 splat8(REAL x) { return (vec8){0} + x; }
 
+static inline vec8 load_part8(const REAL *p, long count)      /* count < 8 numbers, zeros after */
+{
+    REAL part[8] = {0};
+    memcpy(part, p, count * sizeof(REAL));
+    return load8(part);
+}
+
+static inline void store_part8(REAL *p, vec8 x, long count)   /* the first count of x's numbers */
+{
+    REAL part[8];
+    store8(part, x);
+    memcpy(p, part, count * sizeof(REAL));
+}
+
 /* a where mask (a lane of all ones), else b, bit by bit */
 static inline vec8 select8(ivec8 mask, vec8 a, vec8 b)
 {
