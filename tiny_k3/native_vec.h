@@ -50,9 +50,10 @@ static inline vec8 select8(ivec8 mask, vec8 a, vec8 b)
 }
 
 /* e^x = 2^n (1 + p): x = n ln2 + f with n = round(x / ln2), |f| <= ln2/2, and p = e^f - 1 by its Taylor series in
- * Horner form, f (1 + f/2 (1 + f/3 (...))), to f^7/7! for float and f^13/13! for double (the next term is under half
- * an ulp). p is accurate relative to itself, so expm1 keeps its digits near 0. 2^n goes straight into the exponent
- * bits. x is clamped to +-LIMIT first, where e^x stays finite (a sigmoid or tanh there is saturated to the last bit). */
+ * Horner form, f (1 + f (1/2! + f (1/3! + ...))), to f^7/7! for float and f^13/13! for double (the next term is under
+ * half an ulp), one multiply-add a term. p is accurate relative to itself, so expm1 keeps its digits near 0. 2^n goes
+ * straight into the exponent bits. x is clamped to +-LIMIT first, where e^x stays finite (a sigmoid or tanh there is
+ * saturated to the last bit). */
 #define NATIVE_DOUBLE (sizeof(REAL) == 8)
 static inline vec8 exp_parts8(vec8 x, vec8 *two_n)
 {
@@ -62,9 +63,13 @@ static inline vec8 exp_parts8(vec8 x, vec8 *two_n)
     x = select8(x < -limit, -limit, select8(x > limit, limit, x));
     vec8 n = (x * (REAL)1.4426950408889634 + ROUND) - ROUND;  /* round to nearest */
     vec8 f = x - n * LN2;
-    vec8 p = splat8(1);
-    for (int i = NATIVE_DOUBLE ? 13 : 7; i >= 2; i--)
-        p = 1 + p * f * ((REAL)1 / i);
+    static const double INV_FACTORIAL[14] = {1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040,
+                                             1.0 / 40320, 1.0 / 362880, 1.0 / 3628800, 1.0 / 39916800,
+                                             1.0 / 479001600, 1.0 / 6227020800, 1.0 / 87178291200};   /* 1/(i+1)! */
+    int last = NATIVE_DOUBLE ? 12 : 6;
+    vec8 p = splat8((REAL)INV_FACTORIAL[last]);
+    for (int i = last - 1; i >= 0; i--)                        /* one multiply-add per term */
+        p = p * f + (REAL)INV_FACTORIAL[i];
     ivec8 bits = (__builtin_convertvector(n, ivec8) + (NATIVE_DOUBLE ? 1023 : 127)) << (NATIVE_DOUBLE ? 52 : 23);
     memcpy(two_n, &bits, sizeof *two_n);
     return p * f;
