@@ -12,13 +12,14 @@ decides and every op keeps its eager reference beside it:
 | `kda_chunked`       | kda_chunk.kda_chunked_compiled | with autograd: the chunk loop's small ops, forward and backward, as fused kernels |
 | (C recurrence)      | native.kda_recurrent_native  | without autograd on the CPU: KDA's recurrence as a C loop (kda_native.c, built with $CC) |
 | (C expert products) | moe_native.mix_experts_native | the MoE's expert products, forward and backward, pairs in expert order (moe_native.c) |
-| (C selection)       | moe_native.top_k_ids_native  | the router's top-k of 896: the few above a checked floor, ranked (moe_native.c) |
+| (C selection)       | moe_native.sigmoid_top_k_ids_native | the router's sigmoid and top-k of 896 in one pass: the few above a checked floor, ranked (moe_native.c) |
 | (C chosen scores)   | moe.ChosenScores             | the router's backward at its k chosen scores: k rows of W per token (moe_native.c) |
 | (C conv)            | conv_native.conv_heads_native | with autograd: KDA's short conv, SiLU and q/k norms, forward and backward (conv_native.c) |
 | (C RMSNorm)         | norm.RMSNormNative           | with autograd: RMSNorm in one pass each way, not six forward and ten back (norm_native.c) |
 | `kda_gate`          | kda.kda_gate                 | the decay gate's five element-wise passes (and their backward) as one |
 | `kda_conv`          | kda.conv_heads               | the C conv's fallback: the conv as shifted products, SiLU and q/k norms, fused |
-| `situ_glu`          | moe.situ_glu                 | with autograd: SiTU-GLU's seven element-wise passes (and their backward) as one |
+| (C SiTU-GLU)        | moe_native.SituGLU           | with autograd: SiTU-GLU in one pass each way (moe_native.c) |
+| `situ_glu`          | moe.situ_glu                 | the C SiTU-GLU's fallback: its seven element-wise passes (and their backward) as one |
 | `depth_attention`   | attnres.depth_attention_of   | a depth read with autograd (stack, norm, softmax, sum; backward) in a few kernels: ~5x |
 | (fused AdamW)       | train.adamw                  | torch's fused AdamW: one kernel for every parameter instead of ten small ops each |
 

@@ -67,10 +67,10 @@ def keep_freed_memory() -> bool:
     the system: blocks under 32 MB come from the heap (not a fresh mmap each), and the heap is never trimmed.
 
     Why: a training step allocates and frees hundreds of megabytes of temporaries (the router's [N, 896] scores
-    alone are 11 MB a layer), and fresh pages cost a page fault each, ~3 us per 4 KB on a VM: about a tenth of a
-    step of `small`, eager or compiled (bench/results/bench_train.txt). The price: the process keeps its peak
-    memory. `train.train_step` calls it (the first call sets it, the rest are a cached no-op); returns whether it
-    took effect (False off glibc, where it does nothing)."""
+    alone are 11 MB a layer), and a fresh page costs a page fault, ~3 us per 4 KB on a VM. On an idle machine that
+    is about 1 % of a step of `small` (bench/results/bench_train.txt); more while another job shares the machine.
+    The price: the process keeps its peak memory. `train.train_step` calls it (the first call sets it, the rest are
+    a cached no-op); returns whether it took effect (False off glibc, where it does nothing)."""
     import ctypes
     import ctypes.util
     try:

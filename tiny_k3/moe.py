@@ -213,12 +213,11 @@ class Router(nn.Module):
             return self.choose(torch.sigmoid(F.linear(x, weight)), hooks, layer)
         with torch.no_grad():
             scores = F.linear(x, weight)                                 # [..., E] logits, no autograd history
-            if (compiled.enabled() and not (hooks is not None and hooks.changes_routing(layer))
-                    and moe_native.available(scores) is None):   # the compiled path: sigmoid and top-k in one C pass
+            if hooks is not None and hooks.changes_routing(layer):
+                ids = hooks.route(layer, scores.sigmoid_(), self).expert_ids
+            elif compiled.enabled() and moe_native.available(scores) is None:   # sigmoid and top-k, one C pass
                 ids = moe_native.sigmoid_top_k_ids_native(scores.view(-1, scores.shape[-1]), self.bias,
                                                           self.top_k).view(*scores.shape[:-1], self.top_k)
-            elif hooks is not None and hooks.changes_routing(layer):
-                ids = hooks.route(layer, scores.sigmoid_(), self).expert_ids
             else:   # s + b in a reused buffer: it only selects (a fresh [N, E] costs its page faults)
                 scores.sigmoid_()
                 biased = torch.add(scores, self.bias, out=scratch_buffer("router biased", scores.shape, scores))

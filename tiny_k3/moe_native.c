@@ -9,7 +9,8 @@
  * (`starts[e] .. starts[e+1]` are expert e's pairs, `token[p]` the row of z each belongs to), so each expert's
  * weights stay in the L1 cache while its pairs stream past. tiny_k3/native.py builds this file as it builds
  * kda_native.c; tiny_k3/moe_native.py wraps the counting sort as `expert_order`, the four product functions as two
- * autograd Functions, and the router's top-k selection (the last function here) as `top_k_ids_native`.
+ * autograd Functions, SiTU-GLU as `SituGLU`, the router's chosen-score backward as `chosen_scores_backward`, and its
+ * sigmoid and top-k selection (the last functions here) as `sigmoid_top_k_ids_native` and `top_k_ids_native`.
  *
  * Shapes (all contiguous): z [N, l]; W1, W3 [E, m, l]; W2 [E, l, m] (and each transposed where a loop reads it
  * that way: every inner loop runs along contiguous numbers); g, u, h [P, m] in pair (expert) order; w [P];

@@ -1,13 +1,15 @@
 """The latent MoE's expert products by the C kernels of tiny_k3/moe_native.c, as autograd Functions.
 
 `mix_experts_native` computes what `LatentMoE.mix_experts` computes, y[n] = sum over the pairs p of token n of
-w_p W2_e glu(W1_e z_n, W3_e z_n), with the two products in C and the activation in PyTorch between them:
+w_p W2_e glu(W1_e z_n, W3_e z_n), with the two products in C and the activation between them:
 
     g, u = ExpertsIn(z, W1, W3)        [P, m] each, pairs in expert order     (C, forward and backward)
-    h = glu(g, u)                      element-wise                            (PyTorch autograd)
+    h = glu(g, u)                      element-wise: moe.glu, which takes `SituGLU` (C) for K3's SiTU-GLU
     y = ExpertsOut(h, W2, w)           [N, l], summed per token                (C, forward and backward)
 
-`top_k_ids_native` is the router's selection, topk(scores + bias), in C: a checked floor, then few candidates ranked.
+The router's training path takes `sigmoid_top_k_ids_native`: its sigmoid and its selection, topk(scores + bias), in
+one C pass per row (a checked floor, then the few candidates ranked); `top_k_ids_native` is the same selection on
+scores already made. `chosen_scores_backward` is `moe.ChosenScores`' backward in C.
 
 Part of the opt-in compiled path (tiny_k3/compiled.py): `LatentMoE.mix_experts` and the router's training path take
 them while TINY_K3_COMPILE is on, on the CPU, in float32 or float64. Equal to the PyTorch path to float rounding,
