@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     names = args.models.split(",")
     if set(names) - set(MODELS):
         parser.error(f"--models must be a comma list from {', '.join(MODELS)}, got {args.models!r}.")
-    if "where" in sections and not {"small", "small-kda"} <= set(names):
-        parser.error("--sections where needs small and small-kda among --models.")
+    if "where" in sections and "small" not in names:
+        parser.error("--sections where needs small among --models (and small-kda for its rows).")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.probes} probes per cell, "
@@ -163,17 +163,20 @@ def main(argv: list[str] | None = None) -> int:
         print("\n4. where the recall lives (pairs/filler)")
         print(row("pairs/filler", [f"{p}/{d}" for p, d in settings]))
         probes = {s: make_probes(n, s[0], s[1], seed + 300 + s[0] + s[1]) for s in settings}
-        hybrid, kda = models["small"], models["small-kda"]
-        first_kda = next(i for i, b in enumerate(kda.blocks) if b.kind == "kda")
-        for label, model, edit in (("small intact", hybrid, None), ("small MLA blind", hybrid, hide_definitions_from_mla),
-                                   ("small KDA reset", hybrid, reset_kda_states()), ("small-kda", kda, None),
-                                   ("  reset all", kda, reset_kda_states()),
-                                   (f"  reset L{first_kda}", kda, reset_kda_states({first_kda}))):
+        hybrid, kda = models["small"], models.get("small-kda")
+        cuts = [("small intact", hybrid, None), ("small MLA blind", hybrid, hide_definitions_from_mla),
+                ("small KDA reset", hybrid, reset_kda_states())]
+        if kda is not None:
+            first_kda = next(i for i, b in enumerate(kda.blocks) if b.kind == "kda")
+            cuts += [("small-kda", kda, None), ("  reset all", kda, reset_kda_states()),
+                     (f"  reset L{first_kda}", kda, reset_kda_states({first_kda}))]
+        for label, model, edit in cuts:
             scores = where_scores[label] = {s: Score(*edited_recall_hits(model, probes[s], edit)) for s in settings}
             print(row(label, [str(scores[s]) for s in settings]))
-        state = sum(c.nbytes() for c in kda(make_probes(1, 1, 0, 0)[0].tokens[None])[1].layers
-                    if isinstance(c, KDAState))
-        print(f"\nsmall-kda's whole memory is {state / 1024:.0f} KiB of KDA state, whatever the context length.")
+        if kda is not None:
+            state = sum(c.nbytes() for c in kda(make_probes(1, 1, 0, 0)[0].tokens[None])[1].layers
+                        if isinstance(c, KDAState))
+            print(f"\nsmall-kda's whole memory is {state / 1024:.0f} KiB of KDA state, whatever the context length.")
     if "targets" in sections:
         if not pairs_scores.keys() >= set(MODELS) or not where_scores:
             parser.error("--sections targets needs the pairs and where sections and all three models.")

@@ -163,13 +163,12 @@ def test_a_memoryless_stage_keeps_the_states_of_a_model_without_mla_and_wipes_th
     rows = corpus_rows(2, 64, seed=5, stage=stage)
     assert rows.forget is not None and bool(rows.forget.all())
     kda_only = _config("tiny").replace(name="small-kda", layer_kinds=("kda",) * 4)
-    assert memory_kept_without_mla(kda_only, stage, rows).forget is None
-    assert memory_kept_without_mla(_config("tiny"), stage, rows) is rows
-    assert memory_kept_without_mla(kda_only, CURRICULUM[0], rows) is rows        # only a memoryless stage
+    assert memory_kept_without_mla(kda_only, rows).forget is None
+    assert memory_kept_without_mla(_config("tiny"), rows) is rows
     torch.manual_seed(0)
     model = TinyK3(kda_only, dtype=F64).eval()
     with torch.no_grad():
-        wiped, kept = lm_loss(model, rows), lm_loss(model, memory_kept_without_mla(kda_only, stage, rows))
+        wiped, kept = lm_loss(model, rows), lm_loss(model, memory_kept_without_mla(kda_only, rows))
     assert abs(wiped.item() - kept.item()) > 1e-6       # the marks did wipe its states; dropping them keeps them
 
 

@@ -171,9 +171,11 @@ def test_a_reset_that_lowers_the_answer_says_how_far_its_probability_fell():
     assert "rises from 0.600 to 0.900" in carried_sentence(rose)
 
 
-def many_pairs_prompt(seed: int = 5) -> str:
+def many_pairs_prompt(seed: int = 6) -> str:
     """A 52-pair recall line (keys a-z, A-Z) up to its first query's "=": more pairs than a 32 x 32 state can
-    keep apart, so the hybrid's MLA layers must carry the answer."""
+    keep apart, so the hybrid's MLA layers must carry the answer. (Seed 5's first answer is 7, the digit the
+    shipped hybrid guesses when its MLA sees no definition: there the window drops p(7) from 0.999 to 0.35 and
+    leaves the argmax by chance.)"""
     from tiny_k3.recall import make_probe
     from tiny_k3.tokenizer import decode
     import random

@@ -9,6 +9,8 @@ by the many that test spelling.
 
 from __future__ import annotations
 
+import random
+import re
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +87,47 @@ class Stage:
     # carries the look-up: the KDA states learn to bind the few pairs they can hold beside it. Only a model with
     # both layer kinds is blinded (train.blind_window): the twin has no state to fall back on, `small-kda` no MLA.
     mla_blind_share: float = 0.0
+    # Share of steps that read few-pair recall lines (hidden_lines) with their definitions hidden from every MLA
+    # layer (Hooks.mla_hidden_keys, the evaluation's own cut) and the MLA layers' attention frozen for the step:
+    # only the KDA states can carry a value to its query there, and nothing teaches the MLA to stay away. A recipe for
+    # the hybrid (issue 34): the states learn the few pairs while the other steps keep the MLA's look-up. The rows are
+    # drawn for every model, so all three read the same data; only a model with both layer kinds hides and freezes.
+    hidden_share: float = 0.0
+    # KDA layers whose sequence mixer (projections, conv, gates; not the norm or the MLP) is re-initialised at this
+    # stage's first step, their optimiser moments cleared: a fresh layer 0 learns to bind keys on hidden steps, where
+    # one trained to hand the previous bytes up to the MLA does not (recipe52, the proxy's b20 and b21s). Only in a
+    # model with both layer kinds.
+    fresh_kda_mixers: tuple[int, ...] = ()
+    # Only these heads of the fresh_kda_mixers are re-initialised (their rows of the projections, convs and gates,
+    # their columns of the output projection); the others, and what the heads share, stay. Empty: every head.
+    fresh_kda_heads: tuple[int, ...] = ()
+
+
+def hidden_lines(stage: Stage) -> Stage:
+    """The lines of `stage`'s hidden steps (Stage.hidden_share): recall lines of 1-4 pairs with every byte in the
+    loss, the form of CURRICULUM's first stage, in which a KDA state learns to bind a key to its value; in rows of
+    the stage's own length and batch."""
+    return Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=stage.seq_len, batch=stage.batch,
+                 many_share=0.0)
+# A recall line's definitions at the start of a line: 'a=3; q=8;' (corpus.recall_line), up to the last ';'.
+_DEFINITIONS = re.compile(rb"^(?:[A-Za-z]=[0-9]; )*[A-Za-z]=[0-9];", re.MULTILINE)
+
+
+def definition_marks(tokens: torch.Tensor) -> torch.Tensor:
+    """tokens [B, T] (BOS, then bytes from the start of a line) -> bool [B, T]: True on the definitions of every
+    recall line, from the line's first byte to its last definition's ';' -- the tokens that
+    recall.hide_definitions_from_mla drops from the MLA cache (a probe's tokens[1:define_end])."""
+    marks = torch.zeros(tokens.shape, dtype=torch.bool)
+    for b, row in enumerate(tokens.tolist()):
+        data = bytes(t if t < 256 else 10 for t in row)     # BOS/EOS read as a line break: a line starts after them
+        for match in _DEFINITIONS.finditer(data):
+            marks[b, match.start():match.end()] = True
+    return marks.to(tokens.device)
+
+
+def hidden_step(seed: int, step: int, share: float) -> bool:
+    """Whether run step `step` is a hidden step (Stage.hidden_share), drawn from seed and step alone."""
+    return share > 0 and random.Random(seed * 1_000_003 + step + 500_009).random() < share
 
 
 BLIND_WINDOW = 8      # keys an MLA layer sees on a blind step (Stage.mla_blind_share): the query's own few bytes
@@ -126,6 +169,50 @@ def curriculum_rows(steps: int, seed: int, stages: tuple[Stage, ...], answer_wei
     sizes = [steps // len(stages) + (i < steps % len(stages)) for i in range(len(stages))]
     return [corpus_rows(n * stage.batch, stage.seq_len, seed + 7919 * i, stage, answer_weight)
             for i, (n, stage) in enumerate(zip(sizes, stages))]
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """What one training step reads."""
+    stage: int           # index into the curriculum
+    first: bool          # the stage's first step (Stage.fresh_kda_mixers acts here)
+    rows: Rows           # [batch, seq_len + 1] of the stage
+    hidden: bool         # a hidden step: hidden_lines, the definitions hidden from the MLA (Stage.hidden_share)
+
+
+class CurriculumData:
+    """The rows of every step of a run: curriculum_rows' stages, and for a stage with a hidden share the
+    rows its hidden steps read instead (hidden_lines, from seed + 7919 i + 31, as many as it has hidden steps)."""
+
+    def __init__(self, steps: int, seed: int, stages: tuple[Stage, ...], answer_weight: float = 1.0):
+        self.stages = stages
+        self.rows = curriculum_rows(steps, seed, stages, answer_weight)
+        self.hidden: list[Rows | None] = []
+        self._plan: list[tuple[int, int, bool]] = []     # per step: (stage, index among its kind's batches, hidden)
+        for i, (stage, rows) in enumerate(zip(stages, self.rows)):
+            counts = [0, 0]                                # batches used so far: (ordinary, hidden)
+            for _ in range(len(rows) // stage.batch):
+                hidden = hidden_step(seed, len(self._plan), stage.hidden_share)
+                self._plan.append((i, counts[hidden], hidden))
+                counts[hidden] += 1
+            lines = hidden_lines(stage)
+            self.hidden.append(corpus_rows(counts[1] * lines.batch, lines.seq_len, seed + 7919 * i + 31, lines,
+                                           answer_weight) if counts[1] else None)
+
+    def map(self, fn) -> "CurriculumData":
+        """Apply fn(stage, rows) -> rows to every stage's rows and hidden rows."""
+        self.rows = [fn(stage, rows) for stage, rows in zip(self.stages, self.rows)]
+        self.hidden = [None if rows is None else fn(hidden_lines(stage), rows)
+                       for stage, rows in zip(self.stages, self.hidden)]
+        return self
+
+    def at(self, step: int) -> StepRows:
+        """The rows of 0-based run step `step`."""
+        stage, index, hidden = self._plan[step]
+        first = step == 0 or self._plan[step - 1][0] != stage
+        batch = self.stages[stage].batch
+        source = self.hidden[stage] if hidden else self.rows[stage]
+        return StepRows(stage, first, source[index * batch:(index + 1) * batch], hidden)
 
 
 def stage_of(step: int, steps: int, n_stages: int) -> tuple[int, int]:

@@ -14,6 +14,8 @@ one place in the forward pass (the simulator's `sim.interventions` translates it
 |                  |                                            | marking every token: `kda_stateless`, the same limit |
 | uniform_depth    | every depth read of those layers (model.py)| AttnRes query w_l = 0: uniform weights 1/N          |
 | attention_window | `GatedMLA.forward`, the causal mask        | a query sees only the last `window` keys            |
+| mla_hidden_keys  | `GatedMLA.forward`, the causal mask        | no query reads the marked keys (each still sees     |
+|                  |                                            | itself): recall's definitions hidden in training    |
 
 With `hooks=None` (the default) none of this code runs. Indices are 0-based layers; in `uniform_depth`
 the index `num_layers` names the final read before the head.
@@ -46,6 +48,10 @@ class Hooks:
     # "state dropout", tiny_k3.data.Stage.forget_share: what was said before them reaches later tokens through the
     # MLA cache, and through the few inputs that each short conv still reads across the mark)
     forget_before: torch.Tensor | None = None
+    # [B, T] bool: no MLA query attends to these tokens' keys, though each still sees itself (a training recipe,
+    # tiny_k3.data.Stage.hidden_share: the definitions of recall lines hidden from the MLA layers, as the evaluation's
+    # cut recall.hide_definitions_from_mla hides them, so that only the KDA states can carry them to the queries)
+    mla_hidden_keys: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ MoE (moe.py, Router.forward)
     def changes_routing(self, layer: int) -> bool:
@@ -89,6 +95,18 @@ class Hooks:
                 start = part * heads * head_dim + h * head_dim
                 conv[..., start:start + head_dim] = 0
         return KDAState(state, conv)
+
+    # ------------------------------------------------------------------ MLA (mla.py, GatedMLA.forward)
+    def visible_keys(self, key_mask: torch.Tensor | None, keys: int) -> torch.Tensor | None:
+        """key_mask [B, S] (False: padding) with `mla_hidden_keys` turned False too; S = `keys`, every key a
+        query may read. Hiding applies to a forward over the whole sequence: the mask must cover every key."""
+        if self.mla_hidden_keys is None:
+            return key_mask
+        if self.mla_hidden_keys.shape[-1] != keys:
+            raise ValueError(f"Hooks.mla_hidden_keys must mark all {keys} keys the MLA reads ([B, {keys}]), "
+                             f"got shape {list(self.mla_hidden_keys.shape)}.")
+        visible = ~self.mla_hidden_keys
+        return visible if key_mask is None else key_mask.bool() & visible
 
     def forgets_every_token(self) -> bool:
         """True when `forget_before` marks every token: each KDA layer keeps no state (kda.kda_stateless)."""

@@ -176,6 +176,7 @@ class GatedMLA(nn.Module):
         key_mask [B, past + T] bool: False marks padding tokens, which no query may attend to; None: all real.
         `hooks.attention_window` (tiny_k3.hooks) limits each query to the last `window` keys, itself included;
         the cache still keeps every token (a sliding window changes what is read, not what is stored).
+        `hooks.mla_hidden_keys` [B, past + T] hides those keys from every query but their own.
         """
         B, T, _ = x.shape
         kv, q_first, *gate = self._x_proj(x)                    # W_kva x, W_q(a) x, and W_g x where K3's gate is
@@ -204,6 +205,8 @@ class GatedMLA(nn.Module):
             k_rope = torch.cat([cache.k_rope, k_rope], dim=1)
         S = latent.shape[1]
         window = None if hooks is None else hooks.attention_window
+        if hooks is not None:
+            key_mask = hooks.visible_keys(key_mask, S)
         if window is not None and window >= S:   # a window over every key reads what no window reads
             window = None
         if T == 1 and key_mask is None and window is None and not autograd_needed((x, self.kv_b_proj.weight)):

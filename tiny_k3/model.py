@@ -130,6 +130,13 @@ def _init_weights(module: nn.Module, std: float) -> None:
         nn.init.normal_(module.weight, 0.0, std)
 
 
+def fresh_init(module: nn.Module, config: K3Config) -> nn.Module:
+    """`module` (a part just built, e.g. a KDALayer) given the initialisation TinyK3 gives its parts: a part
+    re-initialised in training (train.refresh_kda_mixers) starts as a fresh model's would."""
+    module.apply(partial(_init_weights, std=config.init_std))
+    return module
+
+
 class TinyK3(nn.Module):
     def __init__(self, config: K3Config, device=None, dtype=None):
         super().__init__()

@@ -12,6 +12,9 @@ import dataclasses
 from .corpus import MAX_FILLER
 from .data import Stage
 
+QK_GAIN = 4.0   # the recipe's MLA logit scale at init (train.scale_attention_logits_at_init; docs/recall.md, run t7)
+ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
+
 # The last four stages of the shipped recipe (SCAFFOLD_FIRST), and alone the recipe of the `small` and `small-kda`
 # before it (`--curriculum plain`, one stage per quarter of the run). First recall lines
 # alone with every byte in the loss (answers x10; 1-8 pairs, at most 16 characters of filler), where the KDA layers
@@ -66,6 +69,26 @@ SCAFFOLD_BLIND = with_mla_blind(SCAFFOLD_FIRST, 0.3)
 # Attempt 11: SCAFFOLD_FIRST with the MLA blind on every step of its first stateful stage (every byte in the loss),
 # so the KDA states must learn to bind keys there, as `small-kda`'s do, while the grown look-up waits; then both.
 SCAFFOLD_BLIND_FIRST = (*SCAFFOLD_FIRST[:2], dataclasses.replace(CURRICULUM[0], mla_blind_share=1.0), *CURRICULUM[1:])
+# Attempt 13 (issue 34, `train --curriculum scaffold-first --bind-from STAGE`): SCAFFOLD_FIRST until the look-up has
+# grown, then layer 0's KDA sequence mixer re-initialised and, to the end, a share of the steps hidden
+# (Stage.hidden_share: few-pair lines, the definitions hidden from the MLA, its attention frozen there) and the states
+# wiped at a share of the recall marks on the others (Stage.forget_share), so each path is grown where only it can
+# answer. The full-size form of the lesson-scale proxy's b21s (bench/results/recipe52/README.md): the layer that
+# hands the previous bytes up to the MLA will not learn to bind keys, and a fresh one does.
+def binding_from(stages: tuple[Stage, ...], first: int, fresh: tuple[int, ...] = (0,),
+                 hidden: float | tuple[float, ...] = 0.5, forget: float | tuple[float, ...] = 0.5,
+                 heads: tuple[int, ...] = ()) -> tuple[Stage, ...]:
+    """`stages` with, from stage `first` on, a share `hidden` of the steps hidden and the states wiped at a share
+    `forget` of the recall marks, and the sequence mixers of KDA layers `fresh` re-initialised at stage `first`'s
+    first step (only their `heads`, where given). A tuple of shares gives the bound stages theirs in order, the last
+    one to every stage after it."""
+    hidden, forget = (x if isinstance(x, tuple) else (x,) for x in (hidden, forget))
+    bound = [dataclasses.replace(st, hidden_share=hidden[min(j, len(hidden) - 1)],
+                                 forget_share=forget[min(j, len(forget) - 1)])
+             for j, st in enumerate(stages[first:])]
+    return (*stages[:first], dataclasses.replace(bound[0], fresh_kda_mixers=fresh, fresh_kda_heads=heads), *bound[1:])
+
+
 # The curriculum of the checkpoints before issue 34 (1-26 pairs, rows of 128 then 256 bytes), kept to compare.
 CURRICULUM_26 = (
     Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=128, batch=24),
@@ -88,5 +111,5 @@ CURRICULA = {"plain": CURRICULUM, "answers-first": ANSWERS_FIRST, "forget": CURR
              "scaffold-blind-first": SCAFFOLD_BLIND_FIRST, "pairs26": CURRICULUM_26,
              "induction": INDUCTION_CURRICULUM}
 
-__all__ = ["with_mla_blind", "CURRICULUM", "ANSWERS_FIRST", "CURRICULUM_FORGET", "LOOKUP_FIRST", "SCAFFOLD_FIRST", "SCAFFOLD_BLIND",
+__all__ = ["QK_GAIN", "ANSWER_WEIGHT", "with_mla_blind", "binding_from", "CURRICULUM", "ANSWERS_FIRST", "CURRICULUM_FORGET", "LOOKUP_FIRST", "SCAFFOLD_FIRST", "SCAFFOLD_BLIND",
            "SCAFFOLD_BLIND_FIRST", "CURRICULUM_26", "INDUCTION_CURRICULUM", "CURRICULA"]

@@ -167,7 +167,8 @@ def _check_grown(cache, expected: int) -> None:
 def _checked_mla_forward(module: GatedMLA, x, cache=None, recorder=NO_RECORDER, layer: int = 0,
                          positions=None, key_mask=None, hooks=None):
     """GatedMLA.forward, refusing what the swapped attention cannot honour (nothing is recorded)."""
-    if recorder is not NO_RECORDER or (hooks is not None and hooks.attention_window is not None):
+    if recorder is not NO_RECORDER or (hooks is not None and (hooks.attention_window is not None
+                                                        or hooks.mla_hidden_keys is not None)):
         raise _refuse("what-if windows and recorders")
     return GatedMLA.forward(module, x, cache, NO_RECORDER, layer, positions, key_mask, hooks)
 

@@ -1,16 +1,21 @@
 """Train a tiny K3 on the synthetic corpus; this is what makes the shipped checkpoints.
 
-    python -m tiny_k3.train --preset small --curriculum scaffold-first --scaffold 200,100 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-twin --curriculum scaffold-first --scaffold 200,100 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-kda --curriculum scaffold-first --scaffold 200,100 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 100 --out tiny_k3/weights
+    python -m tiny_k3.train --preset small --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-twin --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-kda --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
 
 (the commands of the shipped checkpoints: one recipe, the same corpus, seed, stages, optimiser and init, one thread
-each; logs and CPU times in bench/results/recipe52/). `<preset>-twin` is the all-softmax twin of a preset, with
-KDA's short convolution kept in front of its attention (K3Config.twin, docs/recall.md); --residual, --set and
---no-bias-update make ablations. The recipe (SCAFFOLD_FIRST) starts with two memoryless stages in which the
-hybrid's first MLA layer grows the look-up on a scaffold that comes down (tiny_k3/scaffold.py). The twin and
-`small-kda` have nothing to scaffold, and neither is memoryless (the twin has no state; `small-kda` keeps its
-states, memory_kept_without_mla): for both those are two answers-alone stages.
+each, on the compiled path; logs and CPU times in bench/results/recipe52/). `<preset>-twin` is the all-softmax twin
+of a preset, with KDA's short convolution kept in front of its attention (K3Config.twin, docs/recall.md);
+--residual, --set and --no-bias-update make ablations. The recipe (SCAFFOLD_FIRST) starts with two memoryless
+stages in which the hybrid's first MLA layer grows the look-up on a scaffold that comes down (tiny_k3/scaffold.py).
+The twin and `small-kda` have nothing to scaffold, and neither is memoryless (the twin has no state; `small-kda`
+keeps its states, memory_kept_without_mla): for both those are two answers-alone stages. From the third stage on
+(--bind-from 2, recipes.binding_from) the hybrid's states learn the few pairs beside the MLA's look-up: head 0 of
+layer 0's KDA mixer starts afresh (head 1 hands the previous bytes up to the MLA), three steps in four of that
+stage and one in two after it read few-pair lines with the definitions hidden from the MLA (Stage.hidden_share),
+and the other steps wipe the states at half the recall marks (Stage.forget_share). The twin and `small-kda` read
+the same rows; with one layer kind there is nothing to hide, re-initialise or wipe.
 
 The data (tiny_k3.data) follow a curriculum of stages of equal length (CURRICULUM's four: recall lines alone,
 first with every byte in the loss, then with the answers alone and every key asked; then the whole corpus with up
@@ -33,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import random
 import shlex
@@ -47,21 +51,21 @@ from torch.nn import functional as F
 
 from . import compiled
 from .config import ConfigError, K3Config
-from .data import BLIND_WINDOW, Rows, Stage, corpus_rows, curriculum_rows, stage_of
+from .data import BLIND_WINDOW, CurriculumData, Rows, Stage, StepRows, corpus_rows, definition_marks
 from .fused import keep_freed_memory
 from .hooks import Hooks
-from .model import TinyK3
-from .recall import make_probes, recall_accuracy
-from .recipes import (ANSWERS_FIRST, CURRICULA, CURRICULUM, CURRICULUM_26, CURRICULUM_FORGET,  # noqa: F401 (re-exported)
+from .kda import KDALayer
+from .model import TinyK3, fresh_init
+from .recall import edited_recall_accuracy, hide_definitions_from_mla, make_probes, recall_accuracy
+from .recipes import (ANSWER_WEIGHT, QK_GAIN, ANSWERS_FIRST, CURRICULA, CURRICULUM, CURRICULUM_26, CURRICULUM_FORGET,  # noqa: F401 (re-exported)
                       INDUCTION_CURRICULUM, LOOKUP_FIRST, SCAFFOLD_BLIND, SCAFFOLD_BLIND_FIRST, SCAFFOLD_FIRST,
                       with_mla_blind)
 from .scaffold import Scaffold, parse_scaffold, scaffolded_config
+from .train_args import build_parser as _parser, config_changes, curriculum_of  # noqa: F401 (re-exported)
 from .weights import config_for, save_pretrained, stored_config, stored_state, weights_path
 
 EVAL_SEED = 999_983           # the held-out text; a training seed may not equal it
 EVAL_SEQUENCES = 32
-QK_GAIN = 4.0   # the recipe's MLA logit scale at init (scale_attention_logits_at_init; docs/recall.md, run t7)
-ANSWER_WEIGHT = 10.0                     # loss weight of recalled values and sums' results (data.py)
 
 
 def scale_attention_logits_at_init(model: TinyK3, gain: float) -> None:
@@ -83,12 +87,15 @@ def scale_attention_logits_at_init(model: TinyK3, gain: float) -> None:
             layer.kv_a_proj.weight[c.kv_lora_rank:].mul_(root)
 
 
-def lm_loss(model: TinyK3, rows: Rows, mla_window: int | None = None) -> torch.Tensor:
+def lm_loss(model: TinyK3, rows: Rows, mla_window: int | None = None, hide_definitions: bool = False) -> torch.Tensor:
     """Weighted mean next-token cross-entropy of rows [B, T + 1] (weights 1 everywhere: plain nats/byte).
     Where rows.forget marks tokens, every KDA layer forgets its state before them (Stage.forget_share);
-    `mla_window` limits every MLA layer to its last keys (Stage.mla_blind_share)."""
+    `mla_window` limits every MLA layer to its last keys (Stage.mla_blind_share); `hide_definitions` hides every
+    recall line's definitions from the MLA layers (Stage.hidden_share, data.definition_marks)."""
     forget = rows.forget[:, :-1] if rows.forget is not None and rows.forget.any() else None
-    hooks = None if forget is None and mla_window is None else Hooks(forget_before=forget, attention_window=mla_window)
+    hidden = definition_marks(rows.tokens[:, :-1]) if hide_definitions else None
+    hooks = (None if forget is None and mla_window is None and hidden is None
+             else Hooks(forget_before=forget, attention_window=mla_window, mla_hidden_keys=hidden))
     logits, _ = model(rows.tokens[:, :-1], hooks=hooks)
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), rows.tokens[:, 1:].reshape(-1), reduction="none")
     w = rows.weights[:, 1:].reshape(-1)
@@ -146,6 +153,9 @@ class TrainResult:
     eval_recall: list[float] = field(default_factory=list)     # exact recall, 4 pairs, 64 tokens of filler
     eval_recall_many: list[float] = field(default_factory=list)  # exact recall, 16 pairs, 16 tokens of filler
     eval_recall_52: list[float] = field(default_factory=list)    # exact recall, 52 pairs, 16 tokens of filler
+    # exact recall at 2 pairs (16 filler) with the definitions hidden from the MLA (recall.hide_definitions_from_mla):
+    # what the KDA states carry alone; logged only in a run with hidden steps (Stage.hidden_share)
+    eval_recall_2_mla_blind: list[float] = field(default_factory=list)
     fresh_eval_loss: float = float("nan")
     tokens: int = 0
     seconds: float = 0.0        # wall time of the training steps
@@ -183,13 +193,15 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
     scale_attention_logits_at_init(model, qk_gain)
     if scaffold is not None:
         scaffold.put_up(model, config)
-    data = [memory_kept_without_mla(config, stage, rows).to(model.device)
-            for stage, rows in zip(curriculum, curriculum_rows(steps, seed, curriculum, answer_weight))]
+    data = CurriculumData(steps, seed, curriculum, answer_weight).map(
+        lambda stage, rows: memory_kept_without_mla(config, rows).to(model.device))
     heldout = heldout_rows(max(st.seq_len for st in curriculum), model.device)
     probes = (make_probes(24, pairs=4, filler_chars=64, seed=EVAL_SEED),
               make_probes(8, pairs=16, filler_chars=16, seed=EVAL_SEED),
               [p for p in make_probes(4, pairs=52, filler_chars=16, seed=EVAL_SEED)
-               if len(p.tokens) <= config.max_seq_len])      # (none for a preset too short for 52 pairs: "tiny")
+               if len(p.tokens) <= config.max_seq_len],      # (none for a preset too short for 52 pairs: "tiny")
+              make_probes(24, pairs=2, filler_chars=16, seed=EVAL_SEED)
+              if any(st.hidden_share for st in curriculum) and config.mla_layers and config.kda_layers else None)
     warmup = min(100, steps // 10) if warmup is None else warmup
     opt = adamw(model, lr, weight_decay)
     result = TrainResult(model, fresh_eval_loss=evaluate(model, heldout))
@@ -203,12 +215,10 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
         for step in range(steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup)
-            stage, i = stage_of(step, steps, len(curriculum))
-            rows = data[stage][i * curriculum[stage].batch:(i + 1) * curriculum[stage].batch]
             if scaffold is not None:
                 scaffold.before_step(model, config, step, log)
-            loss = train_step(model, opt, rows, clip, bias_update, step,
-                              blind_window(config, curriculum[stage], seed, step))
+            rows, loss = _curriculum_step(model, opt, config, curriculum, data.at(step), seed, step, clip,
+                                          bias_update, log)
             result.steps.append(step + 1)
             result.train_loss.append(loss)
             result.tokens += rows.tokens[:, 1:].numel()
@@ -222,13 +232,28 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
     return result
 
 
-def memory_kept_without_mla(config: K3Config, stage: Stage, rows: Rows) -> Rows:
-    """`rows` without their forget marks where `stage` is memoryless and `config` has no MLA layer.
+def _curriculum_step(model: TinyK3, opt: torch.optim.Optimizer, config: K3Config, curriculum: tuple[Stage, ...],
+                     at: StepRows, seed: int, step: int, clip: float, bias_update: bool, log) -> tuple[Rows, float]:
+    """One step of `train` on the rows `at` names: a fresh mixer where its stage begins with one (a hybrid only),
+    then train_step, blind or hidden where the stage asks. Returns (rows, loss)."""
+    stage, both_kinds = curriculum[at.stage], bool(config.mla_layers and config.kda_layers)
+    if at.first and stage.fresh_kda_mixers and both_kinds:
+        refresh_kda_mixers(model, stage.fresh_kda_mixers, seed + 1, opt, stage.fresh_kda_heads)
+        log(f"step {step}: KDA layers {list(stage.fresh_kda_mixers)}' sequence mixers re-initialised"
+            + (f" (heads {list(stage.fresh_kda_heads)})" if stage.fresh_kda_heads else ""))
+    loss = train_step(model, opt, at.rows, clip, bias_update, step, blind_window(config, stage, seed, step),
+                      at.hidden and both_kinds)
+    return at.rows, loss
 
-    A memoryless stage wipes every KDA state before every token so that the MLA layers must look back
-    (Stage.memoryless); a model with no MLA layer (`small-kda`) would be left with nothing to look back with, so
-    it keeps its states there and the stage is an ordinary one for it."""
-    if stage.memoryless and not config.mla_layers:
+
+def memory_kept_without_mla(config: K3Config, rows: Rows) -> Rows:
+    """`rows` without their forget marks where `config` has no MLA layer.
+
+    A memoryless stage wipes every KDA state before every token, and a forget share at some recall marks, so that
+    the MLA layers must look back (Stage.memoryless, Stage.forget_share); a model with no MLA layer (`small-kda`)
+    would be left with nothing to look back with, so it keeps its states there and the stage is an ordinary one
+    for it."""
+    if rows.forget is not None and not config.mla_layers:
         return Rows(rows.tokens, rows.weights)
     return rows
 
@@ -270,18 +295,84 @@ def adamw(model: TinyK3, lr: float, weight_decay: float) -> torch.optim.AdamW:
                              fused=compiled.enabled() or None)
 
 
+def refresh_kda_mixers(model: TinyK3, layers: tuple[int, ...], seed: int, opt: torch.optim.Optimizer,
+                       heads: tuple[int, ...] = ()) -> None:
+    """Re-initialise these KDA layers' sequence mixers as a fresh model's (torch seed `seed` + layer), clearing
+    their optimiser moments (Stage.fresh_kda_mixers); with `heads`, only those heads' parts (Stage.fresh_kda_heads).
+    The layers' norms, MLPs and depth queries stay."""
+    config = model.config
+    for index in layers:
+        if config.layer_kinds[index] != "kda":
+            raise ValueError(f"fresh_kda_mixers names layer {index}, a {config.layer_kinds[index]} layer; "
+                             f"the KDA layers are {config.kda_layers}.")
+        mixer = model.blocks[index].attn
+        weight = next(mixer.parameters())
+        torch.manual_seed(seed + index)
+        fresh = dict(fresh_init(KDALayer(config, device=weight.device, dtype=weight.dtype), config).named_parameters())
+        with torch.no_grad():
+            for name, p in mixer.named_parameters():
+                part = _head_part(name, p, config, heads)
+                if part is not None:
+                    p[part] = fresh[name][part]
+                    for moment in opt.state.get(p, {}).values():
+                        if moment.shape == p.shape:            # (exp_avg, exp_avg_sq; not the step count)
+                            moment[part] = 0.0
+
+
+def _head_part(name: str, p: torch.Tensor, config: K3Config, heads: tuple[int, ...]):
+    """The index of `heads`' share of KDA parameter `name` (all of it where heads is empty), or None where the
+    heads share the parameter (the gate's low-rank input f_a, the output norm's gain)."""
+    H, K = config.kda_heads, config.kda_head_dim            # (K = V in this model)
+    if not heads:
+        return (slice(None),)
+    bad = [h for h in heads if not 0 <= h < H]
+    if bad:
+        raise ValueError(f"fresh_kda_heads names heads {bad}; a KDA layer here has heads 0 to {H - 1}.")
+    if name.startswith("o_proj"):                            # columns: the heads' outputs it reads
+        return (slice(None), torch.cat([torch.arange(h * K, (h + 1) * K) for h in heads]))
+    if p.shape[0] == H * K:                                  # rows: each head's channels (q, k, v, convs, gates)
+        return (torch.cat([torch.arange(h * K, (h + 1) * K) for h in heads]),)
+    if p.shape[0] == H:                                      # one row or value per head (A_log, beta's b_proj)
+        return (torch.tensor(heads),)
+    return None
+
+
+def mark_updated(opt: torch.optim.Optimizer) -> None:
+    """Count a fused optimiser's step as the in-place change it is. torch's fused AdamW writes the parameters without
+    bumping their version counters (torch 2.13), so a cache keyed on them (fused.CachedWeights: the concatenated
+    projections a forward without autograd reads) would go on serving the weights of before the step: the held-out
+    loss and recall logged during a compiled run read stale weights, far from the model's own."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                torch.autograd.graph.increment_version(p)
+
+
 def train_step(model: TinyK3, opt: torch.optim.Optimizer, rows: Rows, clip: float, bias_update: bool,
-               step: int, mla_window: int | None = None) -> float:
+               step: int, mla_window: int | None = None, hide_definitions: bool = False) -> float:
     """One step on `rows`: the weighted loss, its gradients clipped to norm `clip`, the optimiser step, then the
-    selection-bias update of every MoE router from the load of this batch. Returns the loss."""
+    selection-bias update of every MoE router from the load of this batch. Returns the loss.
+
+    `hide_definitions` (a hidden step, Stage.hidden_share): the definitions are hidden from every MLA layer and
+    the MLA layers' attention is frozen for the step, so the step teaches the rest to answer without it."""
     keep_freed_memory()     # (once a process) the step's temporaries reuse freed memory, not fresh pages: fused.py
-    loss = lm_loss(model, rows, mla_window)
+    frozen = [q for block in model.blocks if block.kind == "mla" and hide_definitions
+              for q in block.attn.parameters() if q.requires_grad]
+    for q in frozen:
+        q.requires_grad_(False)
+    try:
+        loss = lm_loss(model, rows, mla_window, hide_definitions)
+    finally:
+        for q in frozen:
+            q.requires_grad_(True)
     if not torch.isfinite(loss):
         raise ValueError(f"the loss became {loss.item()} at step {step + 1}; try a smaller --lr.")
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
+    if opt.defaults.get("fused"):
+        mark_updated(opt)
     if bias_update:
         for moe in model.moe_layers():
             moe.router.update_bias(moe.last_load)
@@ -303,88 +394,16 @@ def _evaluate_into(result: TrainResult, heldout: Rows, probes: tuple, label: str
     result.eval_recall.append(recall_accuracy(model, probes[0]))
     result.eval_recall_many.append(recall_accuracy(model, probes[1]))
     result.eval_recall_52.append(recall_accuracy(model, probes[2]) if probes[2] else float("nan"))
+    blind = ""
+    if probes[3]:
+        result.eval_recall_2_mla_blind.append(edited_recall_accuracy(model, probes[3], hide_definitions_from_mla))
+        blind = f"  recall2 MLA-blind {result.eval_recall_2_mla_blind[-1]:.0%}"
     last = result.train_loss[-50:]
     log(f"{label}: train {sum(last) / len(last):.3f}"
         f"  held-out {result.eval_loss[-1]:.3f}  recall {result.eval_recall[-1]:.0%}"
-        f"  recall16 {result.eval_recall_many[-1]:.0%}  recall52 {result.eval_recall_52[-1]:.0%}"
+        f"  recall16 {result.eval_recall_many[-1]:.0%}  recall52 {result.eval_recall_52[-1]:.0%}{blind}"
         f"  {result.tokens / result.seconds:,.0f} tok/s"
         f"  {result.seconds:.0f}s wall, {result.cpu_seconds:.0f}s CPU")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tiny_k3.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="small", help="a preset name, or <preset>-twin for its all-softmax twin")
-    parser.add_argument("--steps", type=int, default=1200)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs", help="directory for <name>.safetensors and <name>.json")
-    parser.add_argument("--name", default=None, help="file name (default: the config name)")
-    parser.add_argument("--batch", type=int, default=None, help="rows per step (default: each stage's)")
-    parser.add_argument("--seq-len", type=int, default=None, help="bytes per row (default: each stage's)")
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: min(100, steps / 10))")
-    parser.add_argument("--curriculum", choices=sorted(CURRICULA), default="plain",
-                        help="the stages of recall lines (tiny_k3/recipes.py; the shipped recipe: scaffold-first, "
-                             "with --scaffold 200,100)")
-    parser.add_argument("--stages", type=int, default=None,
-                        help="train on the curriculum's first STAGES stages only, the steps split among them "
-                             "(a probe of an early stage at length)")
-    parser.add_argument("--mla-blind-share", type=float, default=None,
-                        help=f"share of steps on which the MLA layers see only their last {BLIND_WINDOW} keys, on "
-                             "every stage that is not memoryless (Stage.mla_blind_share; a hybrid only)")
-    parser.add_argument("--qk-gain", type=float, default=QK_GAIN,
-                        help="multiply MLA attention logits at init by this (scale_attention_logits_at_init)")
-    parser.add_argument("--answer-weight", type=float, default=ANSWER_WEIGHT,
-                        help="loss weight of recalled values and sums' results")
-    parser.add_argument("--residual", choices=("block", "full", "standard"), default=None,
-                        help="override the preset's residual (an ablation, not a shipped preset)")
-    parser.add_argument("--no-bias-update", action="store_true", help="ablation: never move the router bias")
-    parser.add_argument("--mla-conv", action="store_true",
-                        help="ablation: KDA's short conv in front of the preset's own MLA layers too (mla_conv_layers)")
-    parser.add_argument("--scaffold", default=None, metavar="GROW,FADE",
-                        help="grow the first MLA layer's look-up on a scaffold that comes down (tiny_k3/scaffold.py)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="ablation: change one K3Config field, VALUE read as JSON (e.g. mla_rope=true, "
-                             "'layer_kinds=[\"mla\",\"kda\",\"kda\",\"kda\",\"kda\",\"kda\",\"kda\",\"mla\"]'); repeatable")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--compile", action="store_true",
-                        help="run the compiled ops (tiny_k3/compiled.py, as TINY_K3_COMPILE=1): faster steps after a compile")
-    return parser
-
-
-def config_changes(settings: list[str]) -> dict:
-    """["FIELD=VALUE", ...] (train --set) -> {field: value}: VALUE read as JSON where it parses (a list becomes
-    a tuple), else kept as text. A field K3Config does not have is a one-line ValueError naming the fields."""
-    fields = {f.name for f in dataclasses.fields(K3Config)}
-    changes = {}
-    for setting in settings:
-        name, sep, text = setting.partition("=")
-        if not sep or name not in fields:
-            raise ValueError(f"--set takes FIELD=VALUE with FIELD one of K3Config's fields ({', '.join(sorted(fields))}), "
-                             f"got {setting!r}.")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        changes[name] = tuple(value) if isinstance(value, list) else value
-    return changes
-
-
-def curriculum_of(args: argparse.Namespace) -> tuple[Stage, ...]:
-    """The stages that --curriculum names, cut to the first --stages of them where given, with --mla-blind-share
-    (where given) on every stage that is not memoryless."""
-    stages = CURRICULA[args.curriculum]
-    if args.mla_blind_share is not None:
-        if not 0.0 <= args.mla_blind_share <= 1.0:
-            raise ValueError(f"--mla-blind-share must lie in [0, 1], got {args.mla_blind_share}.")
-        stages = with_mla_blind(stages, args.mla_blind_share)
-    if args.stages is None:
-        return stages
-    if not 1 <= args.stages <= len(stages):
-        raise ValueError(f"--stages must lie between 1 and the {len(stages)} stages of {args.curriculum!r}, "
-                         f"got {args.stages}.")
-    return stages[:args.stages]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,7 +480,8 @@ def _run_info(args: argparse.Namespace, argv: list[str], config: K3Config, resul
                   "eval_step": result.eval_steps, "eval_loss": [round(x, 4) for x in result.eval_loss],
                   "eval_recall_4pairs_64filler": [round(x, 4) for x in result.eval_recall],
                   "eval_recall_16pairs_16filler": [round(x, 4) for x in result.eval_recall_many],
-                  "eval_recall_52pairs_16filler": [round(x, 4) for x in result.eval_recall_52]},
+                  "eval_recall_52pairs_16filler": [round(x, 4) for x in result.eval_recall_52],
+                  "eval_recall_2pairs_16filler_mla_blind": [round(x, 4) for x in result.eval_recall_2_mla_blind]},
     }
 
 
