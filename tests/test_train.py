@@ -200,15 +200,23 @@ def test_train_step_is_loss_backward_clip_step_and_the_bias_update_of_that_batch
 
 
 def test_a_fused_optimiser_step_reaches_the_weights_a_forward_without_autograd_reads():
-    """torch's fused AdamW (the compiled path's) bumps no version counter; the caches a no-grad forward reads
-    (fused.CachedWeights) must still see the step, or a compiled run logs the loss of weights long gone."""
+    """torch's fused AdamW (the compiled path's, train.adamw) bumps no version counter; the caches a no-grad forward
+    reads (fused.CachedWeights) must still see the step, or a compiled run logs the loss of weights long gone."""
     torch.manual_seed(0)
     config = K3Config.preset("tiny")
     model = TinyK3(config)
     rows = curriculum_rows(2, 1, (Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=32, batch=2),))[0]
     with torch.no_grad():
         model(rows.tokens[:, :-1])                                      # builds the caches
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    from tiny_k3 import compiled
+
+    was_on = compiled.enabled()
+    compiled.enable()                                                   # train.adamw makes the fused optimiser
+    try:
+        opt = adamw(model, 1e-2, 0.1)
+    finally:
+        compiled.enable(was_on)
+    assert opt.defaults["fused"]
     train_step(model, opt, rows, 1.0, True, step=0)
     fresh = TinyK3(config)
     fresh.load_state_dict(model.state_dict())

@@ -36,6 +36,8 @@ RECALL_MARK = "|"           # after it, every `key=` is followed by the value gi
 MAX_FILLER = 200            # longest filler (characters = tokens) between a recall line's definitions and queries
 _VALUE = re.compile(r"=(\d+)")
 _COPY = re.compile(r"^([a-z0-9]+) \| ([a-z0-9]+)$")
+# A recall line's definitions at the start of a line, up to the last ';' ('a=3; q=8;', recall_line), over bytes
+DEFINITIONS = re.compile(rb"^(?:[A-Za-z]=[0-9]; )*[A-Za-z]=[0-9];", re.MULTILINE)
 
 CLASSES = ("digit", "operator", "letter", "bracket", "space", "other")
 _CLASS_OF = {**{c: "digit" for c in "0123456789"}, **{c: "operator" for c in "+-*/=<>"},

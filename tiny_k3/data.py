@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .corpus import MAX_FILLER, RECALL_MARK, answer_mask, sample_corpus
+from .corpus import DEFINITIONS, MAX_FILLER, RECALL_MARK, answer_mask, sample_corpus
 from .tokenizer import BOS
 
 
@@ -109,25 +109,27 @@ def hidden_lines(stage: Stage) -> Stage:
     the stage's own length and batch."""
     return Stage(max_filler=16, recall_share=1.0, max_pairs=4, seq_len=stage.seq_len, batch=stage.batch,
                  many_share=0.0)
-# A recall line's definitions at the start of a line: 'a=3; q=8;' (corpus.recall_line), up to the last ';'.
-_DEFINITIONS = re.compile(rb"^(?:[A-Za-z]=[0-9]; )*[A-Za-z]=[0-9];", re.MULTILINE)
 
 
 def definition_marks(tokens: torch.Tensor) -> torch.Tensor:
     """tokens [B, T] (BOS, then bytes from the start of a line) -> bool [B, T]: True on the definitions of every
-    recall line, from the line's first byte to its last definition's ';' -- the tokens that
+    recall line (corpus.DEFINITIONS), from the line's first byte to its last definition's ';' -- the tokens that
     recall.hide_definitions_from_mla drops from the MLA cache (a probe's tokens[1:define_end])."""
     marks = torch.zeros(tokens.shape, dtype=torch.bool)
     for b, row in enumerate(tokens.tolist()):
         data = bytes(t if t < 256 else 10 for t in row)     # BOS/EOS read as a line break: a line starts after them
-        for match in _DEFINITIONS.finditer(data):
+        for match in DEFINITIONS.finditer(data):
             marks[b, match.start():match.end()] = True
     return marks.to(tokens.device)
 
 
-def hidden_step(seed: int, step: int, share: float) -> bool:
-    """Whether run step `step` is a hidden step (Stage.hidden_share), drawn from seed and step alone."""
-    return share > 0 and random.Random(seed * 1_000_003 + step + 500_009).random() < share
+def step_drawn(seed: int, step: int, share: float, salt: int = 0) -> bool:
+    """Whether run step `step` is one of a `share` of the steps, drawn from seed and step alone (and `salt`, which
+    keeps two such draws of one run apart: Stage.mla_blind_share's blind steps 0, Stage.hidden_share's HIDDEN_SALT)."""
+    return share > 0 and random.Random(seed * 1_000_003 + step + salt).random() < share
+
+
+HIDDEN_SALT = 500_009
 
 
 BLIND_WINDOW = 8      # keys an MLA layer sees on a blind step (Stage.mla_blind_share): the query's own few bytes
@@ -192,7 +194,7 @@ class CurriculumData:
         for i, (stage, rows) in enumerate(zip(stages, self.rows)):
             counts = [0, 0]                                # batches used so far: (ordinary, hidden)
             for _ in range(len(rows) // stage.batch):
-                hidden = hidden_step(seed, len(self._plan), stage.hidden_share)
+                hidden = step_drawn(seed, len(self._plan), stage.hidden_share, HIDDEN_SALT)
                 self._plan.append((i, counts[hidden], hidden))
                 counts[hidden] += 1
             lines = hidden_lines(stage)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import random
 import shlex
 import sys
 import time
@@ -51,7 +50,7 @@ from torch.nn import functional as F
 
 from . import compiled
 from .config import ConfigError, K3Config
-from .data import BLIND_WINDOW, CurriculumData, Rows, Stage, StepRows, corpus_rows, definition_marks
+from .data import BLIND_WINDOW, CurriculumData, Rows, Stage, StepRows, corpus_rows, definition_marks, step_drawn
 from .fused import keep_freed_memory
 from .hooks import Hooks
 from .kda import KDALayer
@@ -217,11 +216,11 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
                 group["lr"] = lr_at(step, steps, lr, warmup)
             if scaffold is not None:
                 scaffold.before_step(model, config, step, log)
-            rows, loss = _curriculum_step(model, opt, config, curriculum, data.at(step), seed, step, clip,
-                                          bias_update, log)
+            at = data.at(step)
+            loss = _curriculum_step(model, opt, config, curriculum, at, seed, step, clip, bias_update, log)
             result.steps.append(step + 1)
             result.train_loss.append(loss)
-            result.tokens += rows.tokens[:, 1:].numel()
+            result.tokens += at.rows.tokens[:, 1:].numel()
             result.seconds = time.perf_counter() - start
             result.cpu_seconds = time.process_time() - cpu_start
             bar.update(task, advance=1, loss=loss, tps=result.tokens / result.seconds)
@@ -233,17 +232,16 @@ def train(config: K3Config, steps: int, seed: int = 0, *, batch: int | None = No
 
 
 def _curriculum_step(model: TinyK3, opt: torch.optim.Optimizer, config: K3Config, curriculum: tuple[Stage, ...],
-                     at: StepRows, seed: int, step: int, clip: float, bias_update: bool, log) -> tuple[Rows, float]:
+                     at: StepRows, seed: int, step: int, clip: float, bias_update: bool, log) -> float:
     """One step of `train` on the rows `at` names: a fresh mixer where its stage begins with one (a hybrid only),
-    then train_step, blind or hidden where the stage asks. Returns (rows, loss)."""
+    then train_step, blind or hidden where the stage asks. Returns the loss."""
     stage, both_kinds = curriculum[at.stage], bool(config.mla_layers and config.kda_layers)
     if at.first and stage.fresh_kda_mixers and both_kinds:
         refresh_kda_mixers(model, stage.fresh_kda_mixers, seed + 1, opt, stage.fresh_kda_heads)
         log(f"step {step}: KDA layers {list(stage.fresh_kda_mixers)}' sequence mixers re-initialised"
             + (f" (heads {list(stage.fresh_kda_heads)})" if stage.fresh_kda_heads else ""))
-    loss = train_step(model, opt, at.rows, clip, bias_update, step, blind_window(config, stage, seed, step),
+    return train_step(model, opt, at.rows, clip, bias_update, step, blind_window(config, stage, seed, step),
                       at.hidden and both_kinds)
-    return at.rows, loss
 
 
 def memory_kept_without_mla(config: K3Config, rows: Rows) -> Rows:
@@ -261,9 +259,9 @@ def memory_kept_without_mla(config: K3Config, rows: Rows) -> Rows:
 def blind_window(config: K3Config, stage: Stage, seed: int, step: int) -> int | None:
     """BLIND_WINDOW on the steps that Stage.mla_blind_share blinds (drawn from seed and step), else None.
     Only a model with both MLA and KDA layers is ever blinded: another has nothing to fall back on."""
-    if stage.mla_blind_share <= 0 or not (config.mla_layers and config.kda_layers):
+    if not (config.mla_layers and config.kda_layers):
         return None
-    return BLIND_WINDOW if random.Random(seed * 1_000_003 + step).random() < stage.mla_blind_share else None
+    return BLIND_WINDOW if step_drawn(seed, step, stage.mla_blind_share) else None
 
 
 def _checked_curriculum(config: K3Config, steps: int, seed: int, curriculum: tuple[Stage, ...], batch: int | None,
@@ -290,9 +288,12 @@ def adamw(model: TinyK3, lr: float, weight_decay: float) -> torch.optim.AdamW:
     parameters instead of about ten small ops for each (small: 2.9 ms a step against 14)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
-                             fused=compiled.enabled() or None)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
+                            fused=compiled.enabled() or None)
+    if opt.defaults["fused"]:
+        opt.register_step_post_hook(lambda optimizer, args, kwargs: mark_updated(optimizer))
+    return opt
 
 
 def refresh_kda_mixers(model: TinyK3, layers: tuple[int, ...], seed: int, opt: torch.optim.Optimizer,
@@ -301,6 +302,9 @@ def refresh_kda_mixers(model: TinyK3, layers: tuple[int, ...], seed: int, opt: t
     their optimiser moments (Stage.fresh_kda_mixers); with `heads`, only those heads' parts (Stage.fresh_kda_heads).
     The layers' norms, MLPs and depth queries stay."""
     config = model.config
+    bad = [h for h in heads if not 0 <= h < config.kda_heads]
+    if bad:
+        raise ValueError(f"fresh_kda_heads names heads {bad}; a KDA layer here has heads 0 to {config.kda_heads - 1}.")
     for index in layers:
         if config.layer_kinds[index] != "kda":
             raise ValueError(f"fresh_kda_mixers names layer {index}, a {config.layer_kinds[index]} layer; "
@@ -325,9 +329,6 @@ def _head_part(name: str, p: torch.Tensor, config: K3Config, heads: tuple[int, .
     H, K = config.kda_heads, config.kda_head_dim            # (K = V in this model)
     if not heads:
         return (slice(None),)
-    bad = [h for h in heads if not 0 <= h < H]
-    if bad:
-        raise ValueError(f"fresh_kda_heads names heads {bad}; a KDA layer here has heads 0 to {H - 1}.")
     if name.startswith("o_proj"):                            # columns: the heads' outputs it reads
         return (slice(None), torch.cat([torch.arange(h * K, (h + 1) * K) for h in heads]))
     if p.shape[0] == H * K:                                  # rows: each head's channels (q, k, v, convs, gates)
@@ -338,7 +339,7 @@ def _head_part(name: str, p: torch.Tensor, config: K3Config, heads: tuple[int, .
 
 
 def mark_updated(opt: torch.optim.Optimizer) -> None:
-    """Count a fused optimiser's step as the in-place change it is. torch's fused AdamW writes the parameters without
+    """Count a fused optimiser's step as the in-place change it is (adamw hooks it after each fused step). torch's fused AdamW writes the parameters without
     bumping their version counters (torch 2.13), so a cache keyed on them (fused.CachedWeights: the concatenated
     projections a forward without autograd reads) would go on serving the weights of before the step: the held-out
     loss and recall logged during a compiled run read stale weights, far from the model's own."""
@@ -356,8 +357,8 @@ def train_step(model: TinyK3, opt: torch.optim.Optimizer, rows: Rows, clip: floa
     `hide_definitions` (a hidden step, Stage.hidden_share): the definitions are hidden from every MLA layer and
     the MLA layers' attention is frozen for the step, so the step teaches the rest to answer without it."""
     keep_freed_memory()     # (once a process) the step's temporaries reuse freed memory, not fresh pages: fused.py
-    frozen = [q for block in model.blocks if block.kind == "mla" and hide_definitions
-              for q in block.attn.parameters() if q.requires_grad]
+    frozen = ([q for block in model.blocks if block.kind == "mla" for q in block.attn.parameters() if q.requires_grad]
+              if hide_definitions else [])
     for q in frozen:
         q.requires_grad_(False)
     try:
@@ -371,8 +372,6 @@ def train_step(model: TinyK3, opt: torch.optim.Optimizer, rows: Rows, clip: floa
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
-    if opt.defaults.get("fused"):
-        mark_updated(opt)
     if bias_update:
         for moe in model.moe_layers():
             moe.router.update_bias(moe.last_load)
