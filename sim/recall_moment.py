@@ -25,8 +25,9 @@ Two measurements, both from one forward pass over the text so far (no Frame need
   rms(h) held fixed the answer's margin over the other digits splits exactly into one term per sublayer
   (plus the embedding): direct logit attribution. The terms sum to the margin.
 * **Which layer kind carried it** (`LayerKinds`). The query token is run again from the cache of the text
-  before it, twice: with the MLA layers' window ending after the queried value (they can no longer see it),
-  and with every KDA state reset (the fixed-size memory wiped). Whichever change flips the answer names the
+  before it, twice: with the MLA layers' window ending after the queried value (they can no longer see it;
+  `mla_blind_window`: where a short conv stands in front of the attention, as in the twin, past the rows it mixes
+  the value into too), and with every KDA state reset (the fixed-size memory wiped). Whichever change flips the answer names the
   kind that held it; these are exactly Simulation.what_if(TruncateContext(window)) and
   what_if(ResetState()) at that token (tests/test_recall_moment.py checks the two agree).
 """
@@ -333,10 +334,23 @@ class QueryRerun:
         return float(torch.softmax(self.logits(hooks), -1)[self.answer_id])
 
 
+def mla_blind_window(config, query: RecallQuery) -> int:
+    """The widest MLA window (TruncateContext, Hooks.attention_window) that no longer reaches the queried value.
+
+    A window of w keeps the rows position-w+1 .. position. Plain MLA stores the value in its own row only, so
+    w = position - value_at drops it. A short conv in front of the attention (config.mla_conv_layers: the twin's,
+    width kda_conv_kernel) mixes each input into the W - 1 rows after it as well, so the window must end W - 1
+    rows later: with w = position - value_at the twin still read the value from the ";" after it (p 0.92 at 26
+    pairs), one row less took it away (p 0.09). At least 1: a query within the conv's reach of the value reads it
+    through its own conv, which no window can hide."""
+    reach = config.kda_conv_kernel - 1 if config.mla_conv_layers else 0
+    return max(1, query.position - query.value_at - reach)
+
+
 @torch.no_grad()
 def layer_kinds(model, ids: list[int], query: RecallQuery, rerun: QueryRerun | None = None) -> LayerKinds:
     """Run the query token again from the cache of ids[:query.position], intact, with the MLA layers' window
-    ending after the queried value (window = position - value_at: the value token falls out of it) and with
+    ending after the queried value (mla_blind_window: the value falls out of every row it sees) and with
     every KDA state reset (tiny_k3.hooks: the same hooks Simulation.what_if uses for TruncateContext and
     ResetState). `rerun`: the QueryRerun of that token, if one is at hand."""
     cfg = model.config
@@ -346,7 +360,7 @@ def layer_kinds(model, ids: list[int], query: RecallQuery, rerun: QueryRerun | N
         logits = rerun.logits(hooks)
         return KindTest(change, _token_text(logits), float(torch.softmax(logits, -1)[rerun.answer_id]))
 
-    window = query.position - query.value_at
+    window = mla_blind_window(cfg, query)
     mla = test(f"MLA window {window}", Hooks(attention_window=window)) if cfg.mla_layers else None
     kda = test("every KDA state reset", Hooks(reset_heads={layer: tuple(range(cfg.kda_heads))
                                                           for layer in cfg.kda_layers})) if cfg.kda_layers else None

@@ -11,8 +11,8 @@ import torch
 
 from sim import Simulation
 from sim.interventions import ResetState
-from sim.recall_moment import (MIN_SHARE, delta_rule_reads_and_writes, find_query, recall_moment,
-                               recall_query_positions, write_contribution)
+from sim.recall_moment import (MIN_SHARE, RecallQuery, delta_rule_reads_and_writes, find_query,
+                               mla_blind_window, recall_moment, recall_query_positions, write_contribution)
 from tiny_k3 import K3Config, TinyK3
 from tiny_k3.config import DEFAULT_PROMPT
 from tiny_k3.corpus import recall_line, recall_pairs
@@ -152,14 +152,20 @@ def _p(logits, token: str) -> float:
 @pytest.mark.parametrize("preset", ["small", "small-twin", "small-kda"])
 def test_layer_kinds_are_the_what_ifs_of_the_mla_window_and_the_kda_reset(preset):
     """The panels' "carried by" line is Simulation.what_if of the same two changes at the query: the
-    direct replay from the cache before the query token and the what-if engine agree (float32 runs)."""
+    direct replay from the cache before the query token and the what-if engine agree (float32 runs).
+
+    Two float32 paths, not one: the replay's cache comes from one batched forward of the prefix, the what-if's
+    from the timeline's own steps, and they may part where an expert choice is nearly tied. On the shipped twin
+    they part by 4e-4 in p (its intact p(answer) is 0.87716 from the batched prefix at one thread, 0.87676 at two
+    and stepwise, and 0.877157 on every path in float64), so the tolerance is 1e-3; a window off by one token, or
+    the wrong heads reset, moves p by far more (0.92 -> 0.35 at 52 pairs)."""
     from sim.interventions import TruncateContext
 
     sim = Simulation(preset, MANY_PAIRS, twin=False)
     moment = sim.recall_moment()
     kinds = moment.kinds
     assert kinds.answer == moment.predicted
-    tests = [(kinds.mla_hidden, TruncateContext(moment.query.position - moment.query.value_at)),
+    tests = [(kinds.mla_hidden, TruncateContext(mla_blind_window(sim.config, moment.query))),
              (kinds.kda_reset, ResetState())]
     for test, change in tests:
         if test is None:
@@ -168,8 +174,30 @@ def test_layer_kinds_are_the_what_ifs_of_the_mla_window_and_the_kda_reset(preset
             continue
         w = sim.what_if(change)
         assert w.top_after[0][0][1] == test.answer, (change, test)
-        assert test.p_answer == pytest.approx(_p(w.logits_after[0], kinds.answer), abs=1e-4)
-        assert kinds.p_answer == pytest.approx(_p(w.logits_before[0], kinds.answer), abs=1e-4)
+        assert test.p_answer == pytest.approx(_p(w.logits_after[0], kinds.answer), abs=1e-3)
+        assert kinds.p_answer == pytest.approx(_p(w.logits_before[0], kinds.answer), abs=1e-3)
+
+
+def test_the_mla_blind_window_ends_past_the_rows_a_short_conv_mixes_the_value_into():
+    """Plain MLA keeps the value in its own row; the twin's conv (width kda_conv_kernel = 4) also mixes it into the
+    3 rows after it, so the twin's window is 3 rows shorter, and never under 1."""
+    hybrid = K3Config.preset("small")
+    twin = hybrid.twin()
+    assert not hybrid.mla_conv_layers and twin.mla_conv_layers and twin.kda_conv_kernel == 4
+    query = RecallQuery(position=40, key="q", value="8", defined_at=(10, 11, 12, 13))
+    assert mla_blind_window(hybrid, query) == 40 - 12
+    assert mla_blind_window(twin, query) == 40 - 12 - 3
+    near = RecallQuery(position=14, key="q", value="8", defined_at=(10, 11, 12, 13))
+    assert mla_blind_window(hybrid, near) == 2 and mla_blind_window(twin, near) == 1
+
+
+def test_the_twin_s_recall_at_26_pairs_is_carried_by_its_mla_layers():
+    """The twin has only MLA layers, so its answer must live in them: with the window ending past the conv's reach
+    the answer goes (before mla_blind_window, a window ending right after the value left it in the ";" row after
+    the value, and the panel said "the layers tested are not what holds it")."""
+    kinds = Simulation("small-twin", MANY_PAIRS, twin=False).recall_moment().kinds
+    assert kinds.answer == "1" and kinds.kda_reset is None
+    assert kinds.carrier == "MLA" and kinds.mla_hidden.answer != "1", kinds.sentence()
 
 
 def test_the_shipped_hybrid_needs_both_kinds_for_26_pairs():

@@ -1,8 +1,8 @@
 """Train a tiny K3 on the synthetic corpus; this is what makes the shipped checkpoints.
 
-    python -m tiny_k3.train --preset small --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-twin --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
-    python -m tiny_k3.train --preset small-kda --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
+    python -m tiny_k3.train --preset small --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5,0.25 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-twin --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5,0.25 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
+    python -m tiny_k3.train --preset small-kda --curriculum scaffold-first --scaffold 200,100 --bind-from 2 --fresh-heads 0 --hidden-share 0.75,0.5,0.25 --forget-share 0.5 --steps 1500 --seed 0 --threads 1 --lr 3e-3 --eval-every 50 --compile --out tiny_k3/weights
 
 (the commands of the shipped checkpoints: one recipe, the same corpus, seed, stages, optimiser and init, one thread
 each, on the compiled path; logs and CPU times in bench/results/recipe52/). `<preset>-twin` is the all-softmax twin
@@ -13,7 +13,8 @@ The twin and `small-kda` have nothing to scaffold, and neither is memoryless (th
 keeps its states, memory_kept_without_mla): for both those are two answers-alone stages. From the third stage on
 (--bind-from 2, recipes.binding_from) the hybrid's states learn the few pairs beside the MLA's look-up: head 0 of
 layer 0's KDA mixer starts afresh (head 1 hands the previous bytes up to the MLA), three steps in four of that
-stage and one in two after it read few-pair lines with the definitions hidden from the MLA (Stage.hidden_share),
+stage, one in two of the next and one in four of the two whole-corpus stages read few-pair lines with the
+definitions hidden from the MLA (Stage.hidden_share),
 and the other steps wipe the states at half the recall marks (Stage.forget_share). The twin and `small-kda` read
 the same rows; with one layer kind there is nothing to hide, re-initialise or wipe.
 
