@@ -193,7 +193,9 @@ class TruncateContext:
 
     Where: tiny_k3.mla.GatedMLA.forward, the causal mask. The cache still stores every token (the bytes do
     not change), and KDA layers still carry their state: what the window hides, only KDA can remember.
-    In `what_if` it applies to the all-MLA twin too (WhatIf.twin_kl).
+    In `what_if` it applies to the all-MLA twin too (WhatIf.twin_kl). Where a short conv stands in front of the
+    attention (the twin's, K3Config.mla_conv_layers) each row also mixes the W-1 inputs before it, so a window
+    of w still reads w + W-1 inputs (sim.recall_moment.mla_blind_window hides a value accordingly).
     """
 
     window: int
