@@ -424,7 +424,7 @@ gaps = {name: losses[0] - full[name] for name, losses in curve.items()}       # 
 facts["window_gaps"] = gaps
 print("at a window of 1: " + ", ".join(f"{name} {gap:+.3f} nats/token" for name, gap in gaps.items()))
 # how many pairs the recall lines of this text define (DEFINITIONS: the "k=v; ..." run that opens such a line)
-text_pairs = [m.group().count(b"=") for m in DEFINITIONS.finditer(bytes(decode(text_ids[0].tolist()), "utf-8"))]
+text_pairs = [m.group().count(b"=") for m in DEFINITIONS.finditer(decode(text_ids[0].tolist()).encode())]
 facts["text_pairs"], facts["window_costs_hybrid"] = text_pairs, gaps["small (hybrid)"] > 0.01
 print(f"the recall lines of this text define {', '.join(map(str, text_pairs))} pairs; blinding the hybrid's MLA "
       f"cost {100 * drop[2]:.0f} points at 2 pairs in section 1 and {100 * drop[52]:.0f} at 52")

@@ -10,7 +10,6 @@ by the many that test spelling.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
 import torch

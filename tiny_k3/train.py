@@ -330,20 +330,23 @@ def _head_part(name: str, p: torch.Tensor, config: K3Config, heads: tuple[int, .
     H, K = config.kda_heads, config.kda_head_dim            # (K = V in this model)
     if not heads:
         return (slice(None),)
+    channels = torch.cat([torch.arange(h * K, (h + 1) * K) for h in heads])
     if name.startswith("o_proj"):                            # columns: the heads' outputs it reads
-        return (slice(None), torch.cat([torch.arange(h * K, (h + 1) * K) for h in heads]))
+        return (slice(None), channels)
     if p.shape[0] == H * K:                                  # rows: each head's channels (q, k, v, convs, gates)
-        return (torch.cat([torch.arange(h * K, (h + 1) * K) for h in heads]),)
+        return (channels,)
     if p.shape[0] == H:                                      # one row or value per head (A_log, beta's b_proj)
         return (torch.tensor(heads),)
     return None
 
 
 def mark_updated(opt: torch.optim.Optimizer) -> None:
-    """Count a fused optimiser's step as the in-place change it is (adamw hooks it after each fused step). torch's fused AdamW writes the parameters without
-    bumping their version counters (torch 2.13), so a cache keyed on them (fused.CachedWeights: the concatenated
-    projections a forward without autograd reads) would go on serving the weights of before the step: the held-out
-    loss and recall logged during a compiled run read stale weights, far from the model's own."""
+    """Count a fused optimiser's step as the in-place change it is (adamw hooks it after each fused step).
+
+    torch's fused AdamW writes the parameters without bumping their version counters (torch 2.13), so a cache keyed
+    on them (fused.CachedWeights: the concatenated projections a forward without autograd reads) would go on serving
+    the weights of before the step: the held-out loss and recall logged during a compiled run read stale weights,
+    far from the model's own."""
     for group in opt.param_groups:
         for p in group["params"]:
             if p.grad is not None:
